@@ -1,0 +1,73 @@
+/**
+ * The error convention of Hydra engine: every error a package throws on purpose is a
+ * {@link HydraError} (or a subclass) with a stable `code`. Callers branch on `code`, never on the
+ * message, so messages may improve while codes keep their meaning forever.
+ */
+
+const CODE_PATTERN = /^HYDRA_ERR_[A-Z0-9_]+$/;
+
+/** Options accepted by {@link HydraError}. */
+export interface HydraErrorOptions {
+  /** The underlying error, kept for logs. */
+  cause?: unknown;
+  /** Offending keys (CONFIGURE), fields, or other names the caller can act on. */
+  keys?: readonly string[];
+  /** Extra machine-readable facts (limits, sizes) for logs and wire replies. */
+  details?: Readonly<Record<string, unknown>>;
+}
+
+/** Base class of every deliberate Hydra error. */
+export class HydraError extends Error {
+  /** Stable, documented identifier such as `HYDRA_ERR_QUEUE_FULL`. */
+  readonly code: string;
+  /** Offending keys, when the error is about named inputs. */
+  readonly keys: readonly string[] | undefined;
+  /** Extra machine-readable facts. */
+  readonly details: Readonly<Record<string, unknown>> | undefined;
+
+  constructor(code: string, message: string, options: HydraErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    if (!CODE_PATTERN.test(code)) {
+      throw new TypeError(`error code must match ${CODE_PATTERN}, got ${JSON.stringify(code)}`);
+    }
+    this.name = new.target.name;
+    this.code = code;
+    this.keys = options.keys;
+    this.details = options.details;
+  }
+
+  /** The wire shape of protocol.md: `{code, message, keys?}`. */
+  toJSON(): { code: string; message: string; keys?: string[]; details?: Record<string, unknown> } {
+    const out: { code: string; message: string; keys?: string[]; details?: Record<string, unknown> } = {
+      code: this.code,
+      message: this.message,
+    };
+    if (this.keys !== undefined) out.keys = [...this.keys];
+    if (this.details !== undefined) out.details = { ...this.details };
+    return out;
+  }
+}
+
+/** True when `value` is an error carrying a Hydra code (works across realms and worker threads). */
+export function isHydraError(value: unknown): value is { code: string; message: string } {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    typeof (value as { code?: unknown }).code === 'string' &&
+    CODE_PATTERN.test((value as { code: string }).code)
+  );
+}
+
+/**
+ * Every `HYDRA_ERR_*` code named in a markdown text (a package README). Each package's test checks
+ * that the codes it defines are a subset of this set.
+ */
+export function documentedCodes(markdown: string): Set<string> {
+  return new Set(markdown.match(/HYDRA_ERR_[A-Z0-9_]+/g) ?? []);
+}
+
+/** The codes of `defined` that `markdown` does not mention; empty when all are documented. */
+export function undocumentedCodes(defined: Iterable<string>, markdown: string): string[] {
+  const documented = documentedCodes(markdown);
+  return [...defined].filter((code) => !documented.has(code));
+}

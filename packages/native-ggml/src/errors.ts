@@ -1,0 +1,7 @@
+import { HydraError } from '@hydra-engine/errors';
+
+/** Every code this package throws; each must be documented in README.md (a test checks). */
+export const ERROR_CODES = ['HYDRA_ERR_INTERNAL'] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+export { HydraError };

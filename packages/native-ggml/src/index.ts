@@ -1,0 +1,1 @@
+export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';

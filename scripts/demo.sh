@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Quick start, first command: set up (pnpm, dependencies, native build) and run the engine demo.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+pnpm() { bash scripts/pnpm.sh "$@"; }
+pnpm install --frozen-lockfile --reporter=append-only
+pnpm exec turbo run build --output-logs=errors-only
+echo "hydra: build complete (the engine demo lands with apps/engine)"
