@@ -1,0 +1,418 @@
+/**
+ * The common_params field registry: every field named in the tier lists of the v4 design (seed 000,
+ * "Q1") and the CONFIGURE wire schema (seed 001), keyed by its canonical wire name.
+ */
+
+/** Rebuild tiers from the cheapest; T4 is start-only and rejected at run time. */
+export type Tier = 'T1' | 'T2' | 'T3' | 'T4';
+
+/** How a field reaches llama.cpp: sampler re-init, context params, model params, or engine setting. */
+export type Via = 'sampler' | 'context' | 'model' | 'engine';
+
+/** The value type of a field, with its bounds or enumeration. */
+export type FieldType =
+  | { readonly kind: 'int'; readonly min: number; readonly max: number }
+  | { readonly kind: 'number'; readonly min: number; readonly max: number }
+  | { readonly kind: 'bool' }
+  | { readonly kind: 'string'; readonly maxLength: number; readonly pattern?: RegExp }
+  | { readonly kind: 'enum'; readonly values: readonly string[] }
+  | { readonly kind: 'list'; readonly of: FieldType; readonly maxItems: number }
+  | { readonly kind: 'map'; readonly of: FieldType; readonly maxEntries: number };
+
+/** One registry entry. */
+export interface FieldSpec {
+  /** Canonical key: snake_case, dotted for sub-structs (`sampling.temp`). */
+  readonly key: string;
+  readonly tier: Tier;
+  readonly via: Via;
+  readonly type: FieldType;
+  /** Layer 1 value: llama.cpp's built-in default (or the engine's, for engine settings). */
+  readonly default: unknown;
+  /** Other names accepted on the wire and rewritten to `key` (upstream struct paths, CLI spellings). */
+  readonly aliases: readonly string[];
+  /** Out-of-range numbers are clamped into bounds instead of rejected. */
+  readonly clamp: boolean;
+  /** Why this engine cannot honor the field; `undefined` when it can. */
+  readonly unsupported: string | undefined;
+  /** Optional rewrite applied before type checks (booleans for `flash_attn`, `-1` seed). */
+  readonly coerce: ((value: unknown) => unknown) | undefined;
+}
+
+const INT32_MAX = 2_147_483_647;
+const KIB = 1024;
+const MIB = 1024 * KIB;
+
+const int = (min: number, max: number = INT32_MAX): FieldType => ({ kind: 'int', min, max });
+const num = (min: number, max: number): FieldType => ({ kind: 'number', min, max });
+const bool: FieldType = { kind: 'bool' };
+const str = (maxLength = 65_536, pattern?: RegExp): FieldType =>
+  pattern === undefined ? { kind: 'string', maxLength } : { kind: 'string', maxLength, pattern };
+const oneOf = (...values: string[]): FieldType => ({ kind: 'enum', values });
+const list = (of: FieldType, maxItems = 1024): FieldType => ({ kind: 'list', of, maxItems });
+const map = (of: FieldType, maxEntries = 1024): FieldType => ({ kind: 'map', of, maxEntries });
+
+interface Extra {
+  aliases?: string[];
+  clamp?: boolean;
+  unsupported?: string;
+  coerce?: (value: unknown) => unknown;
+}
+
+const specs: FieldSpec[] = [];
+function field(key: string, tier: Tier, via: Via, type: FieldType, def: unknown, extra: Extra = {}): void {
+  specs.push({
+    key,
+    tier,
+    via,
+    type,
+    default: def,
+    aliases: extra.aliases ?? [],
+    clamp: extra.clamp ?? false,
+    unsupported: extra.unsupported,
+    coerce: extra.coerce,
+  });
+}
+
+const CLI_ONLY =
+  'a llama.cpp CLI/example setting; the engine serves requests over HTTP and has no use for it';
+const NO_CALLBACK = 'a native callback pointer; it cannot cross the wire';
+const NO_MULTIMODAL = 'multimodal (mtmd) input is not built into this engine';
+const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the native binding';
+
+// ---------------------------------------------------------------- T1: sampler (common_params_sampling)
+const S = (name: string, type: FieldType, def: unknown, extra?: Extra) =>
+  field(`sampling.${name}`, 'T1', 'sampler', type, def, extra);
+// LLAMA_DEFAULT_SEED means "random"; coordinators commonly send -1 for that.
+field('seed', 'T1', 'sampler', int(0, 0xffff_ffff), 0xffff_ffff, {
+  aliases: ['sampling.seed'],
+  coerce: (v) => (v === -1 ? 0xffff_ffff : v),
+});
+S('n_prev', int(1, 1 << 20), 64);
+S('n_probs', int(0, 1 << 20), 0);
+S('min_keep', int(0, 1 << 20), 0);
+S('top_k', int(-1, 1 << 24), 40);
+S('top_p', num(0, 1), 0.95);
+S('min_p', num(0, 1), 0.05);
+S('xtc_probability', num(0, 1), 0);
+S('xtc_threshold', num(0, 1), 0.1);
+S('typ_p', num(0, 1), 1);
+S('temp', num(0, 100), 0.8);
+S('dynatemp_range', num(0, 100), 0);
+S('dynatemp_exponent', num(0, 100), 1);
+S('penalty_last_n', int(-1, 1 << 24), 64);
+S('penalty_repeat', num(0, 100), 1);
+S('penalty_freq', num(-100, 100), 0);
+S('penalty_present', num(-100, 100), 0);
+S('dry_multiplier', num(0, 100), 0);
+S('dry_base', num(0, 100), 1.75);
+S('dry_allowed_length', int(0, 1 << 24), 2);
+S('dry_penalty_last_n', int(-1, 1 << 24), 64);
+S('dry_sequence_breakers', list(str(256), 256), ['\n', ':', '"', '*']);
+S('adaptive_target', num(-1, 1), -1);
+S('adaptive_decay', num(0, 0.99), 0.9);
+S('mirostat', int(0, 2), 0);
+S('mirostat_tau', num(0, 100), 5);
+S('mirostat_eta', num(0, 10), 0.1);
+S('top_n_sigma', num(-1, 100), -1);
+S('ignore_eos', bool, false);
+S('no_perf', bool, false);
+S('timing_per_token', bool, false);
+S(
+  'samplers',
+  list(
+    oneOf(
+      'penalties',
+      'dry',
+      'top_n_sigma',
+      'top_k',
+      'typ_p',
+      'top_p',
+      'min_p',
+      'xtc',
+      'temperature',
+      'infill',
+      'adaptive_p',
+    ),
+    32,
+  ),
+  ['penalties', 'dry', 'top_n_sigma', 'top_k', 'typ_p', 'top_p', 'min_p', 'xtc', 'temperature'],
+);
+S('grammar', str(1 << 20), '');
+S('grammar_lazy', bool, false);
+// Keys are token ids in decimal; JSON maps cannot have integer keys.
+S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {});
+S('reasoning_budget_tokens', int(-1), -1);
+S('reasoning_budget_message', str(), '');
+S('backend_sampling', bool, false);
+
+// ---------------------------------------------------------------- T1: per-request / engine settings
+const E = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
+  field(key, 'T1', 'engine', type, def, extra);
+E('n_predict', int(-2), -1);
+// The Hydra state transfer chunk (STATE_GET/PUT); the legacy CONFIGURE payload sets it alone.
+E('state_chunk_size', int(64 * KIB, 64 * MIB), 1 * MIB, { clamp: true });
+E('n_keep', int(-1), 0);
+E('antiprompt', list(str(4096), 256), []);
+E('cache_prompt', bool, true);
+E('cache_idle_slots', bool, true);
+E('n_cache_reuse', int(0), 0);
+E('n_ctx_checkpoints', int(0, 1 << 16), 32);
+E('checkpoint_min_step', int(0), 8192);
+E('cache_ram_mib', int(-1), 8192);
+E('slot_prompt_similarity', num(0, 1), 0.1);
+E('cont_batching', bool, true);
+E('ctx_shift', bool, false);
+E('input_prefix', str(), '');
+E('input_suffix', str(), '');
+E('input_prefix_bos', bool, false);
+E('prompt', str(1 << 24), '');
+E('system_prompt', str(1 << 24), '');
+E('api_keys', list(str(1024), 256), []);
+E('chat_template', str(1 << 20), '');
+E('use_jinja', bool, true);
+E('enable_chat_template', bool, true);
+E('force_pure_content_parser', bool, false);
+E('default_template_kwargs', map(str(), 256), {});
+E('reasoning_format', oneOf('none', 'auto', 'deepseek-legacy', 'deepseek'), 'deepseek');
+E('enable_reasoning', int(-1, 1), -1);
+E('prefill_assistant', bool, true);
+E('embedding', bool, false);
+E('embd_normalize', int(-1, 1 << 16), 2);
+E('embd_out', oneOf('', 'array', 'json', 'json+'), '');
+E('embd_sep', str(256), '\n');
+E('cls_sep', str(256), '\t');
+E('timeout_read', int(0), 3600);
+E('timeout_write', int(0), 3600);
+E('sse_ping_interval', int(0), 30);
+E('sleep_idle_seconds', int(-1), -1);
+// Named in the T1 list but not something this engine can honor: rejected, never ignored.
+E('n_chunks', int(-1), -1, { unsupported: CLI_ONLY });
+E('n_print', int(-1), -1, { unsupported: CLI_ONLY });
+E('single_turn', bool, false, { unsupported: CLI_ONLY });
+E('prompt_file', str(4096), '', { unsupported: CLI_ONLY });
+E('path_prompt_cache', str(4096), '', { unsupported: CLI_ONLY, aliases: ['prompt_cache'] });
+E('prompt_cache_all', bool, false, { unsupported: CLI_ONLY });
+E('prompt_cache_ro', bool, false, { unsupported: CLI_ONLY });
+E('logits_file', str(4096), '', { unsupported: CLI_ONLY });
+E('logits_output_dir', str(4096), 'data', { unsupported: CLI_ONLY });
+E('save_logits', bool, false, { unsupported: CLI_ONLY });
+E('tensor_filter', list(str(4096)), [], { unsupported: CLI_ONLY });
+E('out_file', str(4096), '', { unsupported: CLI_ONLY });
+// "server TTY-related flags" of the T1 list.
+for (const [key, def] of [
+  ['use_color', false],
+  ['simple_io', false],
+  ['multiline_input', false],
+  ['interactive', false],
+  ['interactive_first', false],
+  ['display_prompt', true],
+  ['verbose_prompt', false],
+  ['escape', true],
+  ['show_timings', true],
+] as const) {
+  E(key, bool, def, { unsupported: CLI_ONLY });
+}
+E('image', list(str(4096)), [], { unsupported: NO_MULTIMODAL });
+E('image_min_tokens', int(-1), -1, { unsupported: NO_MULTIMODAL });
+E('image_max_tokens', int(-1), -1, { unsupported: NO_MULTIMODAL });
+E('load_progress_callback', str(0), '', { unsupported: NO_CALLBACK });
+E('load_progress_callback_user_data', str(0), '', { unsupported: NO_CALLBACK });
+
+// ---------------------------------------------------------------- T2: context
+const C = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
+  field(key, 'T2', 'context', type, def, extra);
+const KV_TYPES = ['f32', 'f16', 'bf16', 'q8_0', 'q4_0', 'q4_1', 'iq4_nl', 'q5_0', 'q5_1'];
+C('n_ctx', int(0), 0);
+C('n_batch', int(1), 2048);
+C('n_ubatch', int(1), 512);
+C('n_parallel', int(1, 4096), 1);
+C('n_sequences', int(1, 4096), 1);
+C('n_outputs_max', int(0), 0);
+C('grp_attn_n', int(1), 1);
+C('grp_attn_w', int(1), 512);
+C('rope_freq_base', num(0, 1e12), 0);
+C('rope_freq_scale', num(0, 1e6), 0);
+C('rope_scaling_type', oneOf('unspecified', 'none', 'linear', 'yarn', 'longrope'), 'unspecified', {
+  aliases: ['rope_scaling'],
+});
+C('yarn_ext_factor', num(-1, 1e6), -1);
+C('yarn_attn_factor', num(-1, 1e6), -1);
+C('yarn_beta_fast', num(-1, 1e6), -1);
+C('yarn_beta_slow', num(-1, 1e6), -1);
+C('yarn_orig_ctx', int(0), 0);
+C('pooling_type', oneOf('unspecified', 'none', 'mean', 'cls', 'last', 'rank'), 'unspecified', {
+  aliases: ['pooling'],
+});
+C('attention_type', oneOf('unspecified', 'causal', 'non_causal'), 'unspecified', { aliases: ['attention'] });
+C('flash_attn', oneOf('on', 'off', 'auto'), 'auto', {
+  aliases: ['flash_attn_type'],
+  coerce: (v) => (v === true ? 'on' : v === false ? 'off' : v),
+});
+C('cache_type_k', oneOf(...KV_TYPES), 'f16');
+C('cache_type_v', oneOf(...KV_TYPES), 'f16');
+C('kv_unified', bool, false);
+C('swa_full', bool, false);
+C('no_perf', bool, false);
+C('no_kv_offload', bool, false);
+C('no_op_offload', bool, false);
+C('no_extra_bufts', bool, false);
+C('no_host', bool, false);
+C('numa', oneOf('disabled', 'distribute', 'isolate', 'numactl', 'mirror'), 'disabled');
+for (const group of ['cpuparams', 'cpuparams_batch']) {
+  const alias = group === 'cpuparams' ? 'n_threads' : 'n_threads_batch';
+  C(`${group}.n_threads`, int(-1, 4096), -1, { aliases: [alias] });
+  C(`${group}.cpumask`, str(1024, /^(0x)?[0-9a-fA-F]*$/), '');
+  C(`${group}.priority`, oneOf('normal', 'medium', 'high', 'realtime'), 'normal');
+  C(`${group}.strict_cpu`, bool, false);
+  C(`${group}.poll`, int(0, 100), 50);
+}
+C('cb_eval', str(0), '', { unsupported: NO_CALLBACK });
+C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
+// Self-speculative (lookup n-gram) settings live with the context; a draft model is T3.
+C(
+  'speculative.types',
+  list(
+    oneOf(
+      'none',
+      'draft_simple',
+      'draft_eagle3',
+      'draft_mtp',
+      'draft_dflash',
+      'draft_dspark',
+      'ngram_simple',
+      'ngram_map_k',
+      'ngram_map_k4v',
+      'ngram_mod',
+      'ngram_cache',
+    ),
+    16,
+  ),
+  ['none'],
+  { aliases: ['speculative.type'] },
+);
+C('speculative.n_max', int(0, 1024), 3, { aliases: ['speculative.draft.n_max'] });
+C('speculative.n_min', int(0, 1024), 0, { aliases: ['speculative.draft.n_min'] });
+C('speculative.p_split', num(0, 1), 0.1, { aliases: ['speculative.draft.p_split'] });
+C('speculative.p_min', num(0, 1), 0, { aliases: ['speculative.draft.p_min'] });
+C('speculative.ngram_size_n', int(1, 1024), 12);
+C('speculative.ngram_size_m', int(1, 1024), 48);
+C('speculative.ngram_min_hits', int(1, 65_535), 1);
+C('speculative.lookup_cache_static', str(4096), '');
+C('speculative.lookup_cache_dynamic', str(4096), '');
+
+// ---------------------------------------------------------------- T3: model
+const M = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
+  field(key, 'T3', 'model', type, def, extra);
+const HOST_PORT = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([1-9][0-9]{0,4})$/;
+M('model', str(4096), '', { aliases: ['model.path'] });
+M('n_gpu_layers', int(-2), -1, { aliases: ['ngl'] });
+M('main_gpu', int(0, 127), 0);
+M('tensor_split', list(num(0, 1e9), 128), []);
+M('split_mode', oneOf('none', 'layer', 'row', 'tensor'), 'layer');
+M('devices', list(str(256), 128), []);
+M('use_mmap', bool, true);
+M('use_direct_io', bool, false);
+M('use_mlock', bool, false);
+M('check_tensors', bool, false);
+M('no_alloc', bool, false);
+// "KEY=TYPE:VALUE" as in --override-kv.
+M('kv_overrides', list(str(4096, /^[^=]+=(int|float|bool|str):.*$/s), 1024), []);
+// "<regex>=<buffer type>" as in --override-tensor; the regex is checked when validated.
+M('override_tensors', list(str(4096, /^.+=[^=]+$/s), 1024), [], {
+  aliases: ['tensor_buft_overrides', 'override_tensor'],
+});
+M('rpc_servers', list(str(300, HOST_PORT), 64), []);
+M('n_cpu_moe', int(0), 0);
+M('speculative.model', str(4096), '', {
+  aliases: ['speculative.draft.model', 'speculative.draft.mparams.path'],
+});
+M('speculative.n_gpu_layers', int(-2), -1, { aliases: ['speculative.draft.n_gpu_layers'] });
+M('mmproj', str(4096), '', { unsupported: NO_MULTIMODAL, aliases: ['mmproj.path'] });
+M('lora_init_without_apply', bool, false, { unsupported: NO_ADAPTERS });
+M('lora_adapters', list(str(4096)), [], { unsupported: NO_ADAPTERS });
+M('control_vectors', list(str(4096)), [], { unsupported: NO_ADAPTERS });
+for (const part of ['url', 'hf_repo', 'hf_file', 'docker_repo']) {
+  M(`model.${part}`, str(4096), '', {
+    unsupported: 'the engine never downloads weights; send a local GGUF path',
+  });
+}
+
+// ---------------------------------------------------------------- T4: start-only
+const T4 = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
+  field(key, 'T4', 'engine', type, def, extra);
+T4('port', int(0, 65_535), 8080);
+T4('rpc_port', int(0, 65_535), 50_052, { aliases: ['rpc_server_port'] });
+T4('host', str(256), '127.0.0.1');
+T4('hostname', str(256), '127.0.0.1');
+T4('n_threads_http', int(-1, 4096), -1);
+T4('control_allow_from', list(str(256), 256), ['127.0.0.1/8', '::1/128']);
+T4('api_key', str(1024), '');
+T4('ssl_file_key', str(4096), '');
+T4('ssl_file_cert', str(4096), '');
+T4('log_file', str(4096), '');
+T4('log_json', bool, false);
+T4('log_colors', oneOf('on', 'off', 'auto'), 'auto');
+T4('log_verbosity', int(0, 10), 3, { aliases: ['verbosity'] });
+T4('log_prefix', bool, false);
+T4('log_timestamps', bool, false);
+T4('log_disable', bool, false);
+T4('reuse_port', bool, false);
+T4('public_path', str(4096), '');
+T4('api_prefix', str(4096), '');
+T4('cuda_visible_devices', str(1024), '');
+
+/**
+ * Start-only key prefixes: every `log_*` and `ssl_*` key is T4 even when the registry does not name
+ * it, so a new upstream log flag is refused as T4 rather than as an unknown key.
+ */
+export const T4_PREFIXES: readonly string[] = ['log_', 'ssl_'];
+
+/** Every field, in registry order. */
+export const FIELDS: readonly FieldSpec[] = Object.freeze(specs.map((s) => Object.freeze(s)));
+
+const byKey = new Map<string, FieldSpec>();
+const byAlias = new Map<string, FieldSpec>();
+for (const spec of FIELDS) {
+  if (byKey.has(spec.key)) throw new Error(`duplicate registry key ${spec.key}`);
+  byKey.set(spec.key, spec);
+}
+for (const spec of FIELDS) {
+  for (const alias of spec.aliases) {
+    if (byKey.has(alias) || byAlias.has(alias)) throw new Error(`alias ${alias} collides`);
+    byAlias.set(alias, spec);
+  }
+}
+
+/** Dotted prefixes that name a sub-struct (`sampling`, `speculative`, `speculative.draft`, `model`). */
+const structPrefixes = new Set<string>();
+for (const name of [...byKey.keys(), ...byAlias.keys()]) {
+  const parts = name.split('.');
+  for (let i = 1; i < parts.length; i++) structPrefixes.add(parts.slice(0, i).join('.'));
+}
+
+/** The entry of a canonical key or alias; `undefined` when the registry does not know it. */
+export function fieldFor(key: string): FieldSpec | undefined {
+  return byKey.get(key) ?? byAlias.get(key);
+}
+
+/** True when `key` is a sub-struct name under which nested objects are flattened. */
+export function isStructPrefix(key: string): boolean {
+  return structPrefixes.has(key);
+}
+
+/** True when an unregistered key is start-only by prefix. */
+export function isT4ByPrefix(key: string): boolean {
+  return !key.includes('.') && T4_PREFIXES.some((p) => key.startsWith(p));
+}
+
+/** True for fields CONFIGURE can set: known, not start-only, supported. */
+export function isRuntimeField(spec: FieldSpec): boolean {
+  return spec.tier !== 'T4' && spec.unsupported === undefined;
+}
+
+/** Layer 1: every runtime field (see {@link isRuntimeField}) with its built-in default. */
+export function defaults(): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const spec of FIELDS) if (isRuntimeField(spec)) out[spec.key] = structuredClone(spec.default);
+  return out;
+}

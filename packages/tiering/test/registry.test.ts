@@ -1,0 +1,159 @@
+import { describe, expect, it } from 'vitest';
+import { defaults, FIELDS, fieldFor, type Tier } from '../src/index.js';
+
+// The tier lists, verbatim, from ../shared/seeds/000_a4200a3344a1aa2a.txt ("Q1") and the tier table
+// of ../shared/seeds/001_c6a360b2ea89da50.txt. The test parses these lines, so a name that drifts
+// from the registry fails here.
+const SEED_000: Record<Tier, string> = {
+  T1: 'n_predict, sampling.*, n_keep, n_chunks, n_print, antiprompt, prompt_cache_*, cache_prompt, cache_idle_slots, n_cache_reuse, n_ctx_checkpoints, checkpoint_min_step, cache_ram_mib, slot_prompt_similarity, single_turn, cont_batching, ctx_shift, input_prefix/suffix/bos, prompt, system_prompt, prompt_file, api_keys, chat_template, use_jinja, enable_chat_template, force_pure_content_parser, default_template_kwargs, reasoning_format, enable_reasoning, prefill_assistant, embedding, embd_normalize, embd_out, embd_sep, cls_sep, image, image_min_tokens, image_max_tokens, timeout_read, timeout_write, sse_ping_interval, sleep_idle_seconds, server TTY-related flags, logits_file, logits_output_dir, save_logits, tensor_filter, out_file, load_progress_callback[_user_data]',
+  T2: 'n_ctx, n_batch, n_ubatch, n_parallel, n_sequences, n_outputs_max, grp_attn_n, grp_attn_w, cpuparams, cpuparams_batch, cb_eval, cb_eval_user_data, numa, rope_freq_base/scale, yarn_*, rope_scaling_type, pooling_type, attention_type, flash_attn_type, cache_type_k, cache_type_v, kv_unified, swa_full, no_perf, no_kv_offload, no_op_offload, no_extra_bufts, no_host, speculative (lookup-ngram only — the model-draft field is T3)',
+  T3: 'model, mmproj, n_gpu_layers, main_gpu, tensor_split, split_mode, devices, use_mmap, use_direct_io, use_mlock, check_tensors, no_alloc, kv_overrides, tensor_buft_overrides, lora_init_without_apply, lora_adapters, control_vectors, the rpc_servers list (stock --rpc-server), n_cpu_moe, speculative.model',
+  T4: 'bind ports (--port, --rpc-port, --rpc-server-port), --hostname, --n-threads-http, log config, TLS cert paths, CUDA device selection',
+};
+const SEED_001: Record<Exclude<Tier, 'T4'>, string> = {
+  T1: 'sampling.temp, sampling.top_p, sampling.top_k, sampling.min_p, sampling.penalty_repeat, seed, n_predict, n_keep, antiprompt',
+  T2: 'n_ctx, cache_type_k, cache_type_v, rope_freq_base, yarn_*, rope_scaling_type',
+  T3: 'n_gpu_layers, n_cpu_moe, tensor_buft_overrides (for override_tensor), split_mode, tensor_split, model.path',
+};
+
+const keysWith = (prefix: string) => FIELDS.filter((f) => f.key.startsWith(prefix)).map((f) => f.key);
+
+/** Seed phrases that name a group of fields rather than one field. */
+const GROUPS: Record<string, () => string[]> = {
+  'sampling.*': () => [...keysWith('sampling.'), 'seed'],
+  'prompt_cache_*': () => ['prompt_cache_all', 'prompt_cache_ro', 'path_prompt_cache'],
+  'input_prefix/suffix/bos': () => ['input_prefix', 'input_suffix', 'input_prefix_bos'],
+  'server TTY-related flags': () => [
+    'use_color',
+    'simple_io',
+    'multiline_input',
+    'interactive',
+    'interactive_first',
+    'display_prompt',
+    'verbose_prompt',
+    'escape',
+    'show_timings',
+  ],
+  'load_progress_callback[_user_data]': () => ['load_progress_callback', 'load_progress_callback_user_data'],
+  cpuparams: () => keysWith('cpuparams.'),
+  cpuparams_batch: () => keysWith('cpuparams_batch.'),
+  'rope_freq_base/scale': () => ['rope_freq_base', 'rope_freq_scale'],
+  'yarn_*': () => keysWith('yarn_'),
+  'speculative (lookup-ngram only — the model-draft field is T3)': () =>
+    keysWith('speculative.').filter((k) => k !== 'speculative.model' && k !== 'speculative.n_gpu_layers'),
+  'the rpc_servers list (stock --rpc-server)': () => ['rpc_servers'],
+  'tensor_buft_overrides (for override_tensor)': () => ['tensor_buft_overrides', 'override_tensor'],
+  'bind ports (--port, --rpc-port, --rpc-server-port)': () => ['port', 'rpc_port', 'rpc_server_port'],
+  '--hostname': () => ['hostname'],
+  '--n-threads-http': () => ['n_threads_http'],
+  'log config': () => keysWith('log_'),
+  'TLS cert paths': () => keysWith('ssl_'),
+  'CUDA device selection': () => ['cuda_visible_devices'],
+};
+
+/** Fields the registry holds beyond the seed lists, with the tier each gets and why. */
+const EXTRAS: Record<string, Tier> = {
+  state_chunk_size: 'T1', // seed 001's wire example and its legacy payload
+  'model.url': 'T3', // common_params_model sub-struct fields of `model`
+  'model.hf_repo': 'T3',
+  'model.hf_file': 'T3',
+  'model.docker_repo': 'T3',
+  'speculative.n_gpu_layers': 'T3', // the draft model's load setting: "the model-draft field is T3"
+  host: 'T4', // protocol.md names host, control_allow_from is the --control-allow-from allowlist
+  control_allow_from: 'T4',
+  api_key: 'T4',
+  reuse_port: 'T4',
+  public_path: 'T4',
+  api_prefix: 'T4',
+};
+
+function expand(list: string): string[] {
+  const items = list.split(/, (?![^(]*\))/);
+  return items.flatMap((item) => GROUPS[item.trim()]?.() ?? [item.trim()]);
+}
+
+describe('registry tiers pinned against the seed lists', () => {
+  const pinned = new Map<string, Tier>();
+  for (const [source, lists] of [
+    ['seed 000', SEED_000],
+    ['seed 001', SEED_001],
+  ] as const) {
+    for (const [tier, list] of Object.entries(lists) as [Tier, string][]) {
+      for (const name of expand(list)) {
+        it(`${source} ${tier}: ${name}`, () => {
+          const spec = fieldFor(name);
+          expect(spec, `${name} is missing from the registry`).toBeDefined();
+          expect(spec!.tier).toBe(tier);
+        });
+        const key = fieldFor(name)?.key;
+        if (key !== undefined) pinned.set(key, tier);
+      }
+    }
+  }
+  for (const [key, tier] of Object.entries(EXTRAS)) pinned.set(key, tier);
+
+  it.each(FIELDS.map((f) => [f.key, f.tier] as const))('%s is pinned at %s', (key, tier) => {
+    expect(pinned.get(key), `${key} has no tier in the seed lists or EXTRAS`).toBe(tier);
+  });
+
+  it('sends T1 sampling to the sampler, T2 to the context, T3 to the model', () => {
+    for (const f of FIELDS) {
+      if (f.key.startsWith('sampling.') || f.key === 'seed') expect(f.via).toBe('sampler');
+      if (f.tier === 'T2') expect(f.via).toBe('context');
+      if (f.tier === 'T3') expect(f.via).toBe('model');
+      if (f.tier === 'T4') expect(f.via).toBe('engine');
+    }
+  });
+});
+
+describe('registry entries', () => {
+  it('uses the seed 001 wire names as canonical keys', () => {
+    for (const name of ['override_tensors', 'rpc_servers', 'state_chunk_size', 'n_ctx', 'seed', 'model', 'flash_attn']) {
+      expect(fieldFor(name)?.key).toBe(name);
+    }
+    expect(fieldFor('tensor_buft_overrides')?.key).toBe('override_tensors');
+    expect(fieldFor('sampling.seed')?.key).toBe('seed');
+    expect(fieldFor('model.path')?.key).toBe('model');
+    expect(fieldFor('flash_attn_type')?.key).toBe('flash_attn');
+  });
+
+  it('has a default inside its own type and bounds for every field', () => {
+    for (const f of FIELDS) {
+      const t = f.type;
+      const d = f.default;
+      if (t.kind === 'int' || t.kind === 'number') {
+        expect(typeof d, f.key).toBe('number');
+        expect(d as number, f.key).toBeGreaterThanOrEqual(t.min);
+        expect(d as number, f.key).toBeLessThanOrEqual(t.max);
+        if (t.kind === 'int') expect(Number.isInteger(d), f.key).toBe(true);
+      } else if (t.kind === 'enum') expect(t.values, f.key).toContain(d);
+      else if (t.kind === 'bool') expect(typeof d, f.key).toBe('boolean');
+      else if (t.kind === 'string') expect(typeof d, f.key).toBe('string');
+      else if (t.kind === 'list') expect(Array.isArray(d), f.key).toBe(true);
+      else expect(typeof d, f.key).toBe('object');
+    }
+  });
+
+  it('pins the ranges and enums the protocol relies on', () => {
+    const sc = fieldFor('state_chunk_size')!;
+    expect(sc.type).toMatchObject({ kind: 'int', min: 64 * 1024, max: 64 * 1024 * 1024 });
+    expect(sc.clamp).toBe(true);
+    expect(fieldFor('split_mode')!.type).toMatchObject({ values: ['none', 'layer', 'row', 'tensor'] });
+    expect(fieldFor('cache_type_k')!.type).toMatchObject({
+      values: ['f32', 'f16', 'bf16', 'q8_0', 'q4_0', 'q4_1', 'iq4_nl', 'q5_0', 'q5_1'],
+    });
+    expect(fieldFor('flash_attn')!.type).toMatchObject({ values: ['on', 'off', 'auto'] });
+    expect(FIELDS.filter((f) => f.clamp).map((f) => f.key)).toEqual(['state_chunk_size']);
+  });
+
+  it('gives layer 1 defaults for runtime fields only', () => {
+    const d = defaults();
+    expect(d.port).toBeUndefined();
+    expect(d.mmproj).toBeUndefined();
+    expect(d['sampling.temp']).toBe(0.8);
+    expect(d.n_batch).toBe(2048);
+    expect(d.split_mode).toBe('layer');
+    d.antiprompt = ['x'];
+    expect(defaults().antiprompt).toEqual([]);
+  });
+});
