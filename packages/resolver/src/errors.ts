@@ -1,7 +1,20 @@
-import { HydraError } from '@hydra-engine/errors';
+import { HydraError, type HydraErrorOptions } from '@hydra-engine/errors';
 
 /** Every code this package throws; each must be documented in README.md (a test checks). */
-export const ERROR_CODES = ['HYDRA_ERR_INTERNAL'] as const;
+export const ERROR_CODES = [
+  'HYDRA_ERR_INTERNAL',
+  'HYDRA_ERR_BAD_VALUE',
+  'HYDRA_ERR_GGUF_INVALID',
+  'HYDRA_ERR_GGUF_UNSUPPORTED',
+  'HYDRA_ERR_MODEL_METADATA',
+  'HYDRA_ERR_REGISTRY_INVALID',
+  'HYDRA_ERR_UNKNOWN_MODEL',
+] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 export { HydraError };
+
+/** Throws a HydraError; the return type lets callers write `return fail(...)` in expressions. */
+export function fail(code: ErrorCode, message: string, options?: HydraErrorOptions): never {
+  throw new HydraError(code, message, options);
+}
