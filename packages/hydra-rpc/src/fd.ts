@@ -1,0 +1,19 @@
+import type { Socket } from 'node:net';
+import { HydraError } from './errors.js';
+
+/**
+ * The OS file descriptor of an accepted TCP socket. `socket._handle.fd` is internal to Node: it was
+ * checked on Node 20 (the pinned major) and a test pins it, so a Node upgrade that moves it fails
+ * loudly here instead of handing a wrong fd to native code.
+ */
+export function socketFd(socket: Socket): number {
+  const handle = (socket as unknown as { _handle?: { fd?: unknown } | null })._handle;
+  const fd = handle?.fd;
+  if (typeof fd !== 'number' || !Number.isInteger(fd) || fd < 0) {
+    throw new HydraError(
+      'HYDRA_ERR_INTERNAL',
+      `socket fd unavailable (socket._handle.fd is ${String(fd)} on Node ${process.versions.node})`,
+    );
+  }
+  return fd;
+}
