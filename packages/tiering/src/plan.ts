@@ -5,6 +5,7 @@ import {
   fieldFor,
   isStructPrefix,
   isT4ByPrefix,
+  registryIndex,
   type Tier,
   type Via,
 } from './registry.js';
@@ -251,7 +252,11 @@ export function normalize(delta: unknown, options: NormalizeOptions = {}): Param
     const summary = keys.map((k) => `${k} (${offenders.get(k)!.reason})`).join('; ');
     throw new HydraError(code, `rejected params: ${summary}`, { keys, details: { reasons, byCode } });
   }
-  return out;
+  // Registry order, so the nested, dotted and aliased spellings of a delta give identical results.
+  const sorted: Params = {};
+  for (const key of Object.keys(out).sort((a, b) => registryIndex(a) - registryIndex(b)))
+    sorted[key] = out[key];
+  return sorted;
 }
 
 /** Copies a registry value; primitives are returned as they are. */

@@ -82,11 +82,6 @@ const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the na
 // ---------------------------------------------------------------- T1: sampler (common_params_sampling)
 const S = (name: string, type: FieldType, def: unknown, extra?: Extra) =>
   field(`sampling.${name}`, 'T1', 'sampler', type, def, extra);
-// LLAMA_DEFAULT_SEED means "random"; coordinators commonly send -1 for that.
-field('seed', 'T1', 'sampler', int(0, 0xffff_ffff), 0xffff_ffff, {
-  aliases: ['sampling.seed'],
-  coerce: (v) => (v === -1 ? 0xffff_ffff : v),
-});
 S('n_prev', int(1, 1 << 20), 64);
 S('n_probs', int(0, 1 << 20), 0);
 S('min_keep', int(0, 1 << 20), 0);
@@ -144,6 +139,11 @@ S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {});
 S('reasoning_budget_tokens', int(-1), -1);
 S('reasoning_budget_message', str(), '');
 S('backend_sampling', bool, false);
+// LLAMA_DEFAULT_SEED means "random"; coordinators commonly send -1 for that.
+field('seed', 'T1', 'sampler', int(0, 0xffff_ffff), 0xffff_ffff, {
+  aliases: ['sampling.seed'],
+  coerce: (v) => (v === -1 ? 0xffff_ffff : v),
+});
 
 // ---------------------------------------------------------------- T1: per-request / engine settings
 const E = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
@@ -388,6 +388,13 @@ const structPrefixes = new Set<string>();
 for (const name of [...byKey.keys(), ...byAlias.keys()]) {
   const parts = name.split('.');
   for (let i = 1; i < parts.length; i++) structPrefixes.add(parts.slice(0, i).join('.'));
+}
+
+const order = new Map<string, number>(FIELDS.map((f, i) => [f.key, i]));
+
+/** Position of a canonical key in {@link FIELDS}: plans list keys in this order whatever the request's. */
+export function registryIndex(key: string): number {
+  return order.get(key) ?? Number.MAX_SAFE_INTEGER;
 }
 
 /** The entry of a canonical key or alias; `undefined` when the registry does not know it. */

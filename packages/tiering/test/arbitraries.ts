@@ -7,15 +7,25 @@ const HEX = [...'0123456789abcdef'];
 const FORMATTED: Record<string, fc.Arbitrary<unknown>> = {
   rpc_servers: fc.array(
     fc
-      .tuple(fc.constantFrom('localhost', '10.0.0.2', 'peer-1.lan', '[::1]'), fc.integer({ min: 1, max: 65_535 }))
+      .tuple(
+        fc.constantFrom('localhost', '10.0.0.2', 'peer-1.lan', '[::1]'),
+        fc.integer({ min: 1, max: 65_535 }),
+      )
       .map(([h, p]) => `${h}:${p}`),
     { maxLength: 3 },
   ),
   override_tensors: fc.array(
-    fc.constantFrom('blk\\..*\\.ffn_.*_exps\\.weight=RPC0', 'token_embd=CPU', 'output=CPU', 'output_norm=CPU'),
+    fc.constantFrom(
+      'blk\\..*\\.ffn_.*_exps\\.weight=RPC0',
+      'token_embd=CPU',
+      'output=CPU',
+      'output_norm=CPU',
+    ),
     { maxLength: 4 },
   ),
-  kv_overrides: fc.array(fc.constantFrom('a.b=int:1', 'x=str:hi', 'y=bool:true', 'z=float:0.5'), { maxLength: 3 }),
+  kv_overrides: fc.array(fc.constantFrom('a.b=int:1', 'x=str:hi', 'y=bool:true', 'z=float:0.5'), {
+    maxLength: 3,
+  }),
   'cpuparams.cpumask': fc.string({ unit: fc.constantFrom(...HEX), maxLength: 8 }),
   'cpuparams_batch.cpumask': fc.string({ unit: fc.constantFrom(...HEX), maxLength: 8 }),
   'sampling.logit_bias': fc.dictionary(
@@ -27,7 +37,7 @@ const FORMATTED: Record<string, fc.Arbitrary<unknown>> = {
   ),
 };
 
-function valueOf(type: FieldType): fc.Arbitrary<unknown> {
+function arbitraryOf(type: FieldType): fc.Arbitrary<unknown> {
   switch (type.kind) {
     case 'int':
       return fc.integer({ min: type.min, max: type.max });
@@ -40,15 +50,15 @@ function valueOf(type: FieldType): fc.Arbitrary<unknown> {
     case 'enum':
       return fc.constantFrom(...type.values);
     case 'list':
-      return fc.array(valueOf(type.of), { maxLength: Math.min(type.maxItems, 4) });
+      return fc.array(arbitraryOf(type.of), { maxLength: Math.min(type.maxItems, 4) });
     case 'map':
-      return fc.dictionary(fc.string({ minLength: 1, maxLength: 6 }), valueOf(type.of), { maxKeys: 3 });
+      return fc.dictionary(fc.string({ minLength: 1, maxLength: 6 }), arbitraryOf(type.of), { maxKeys: 3 });
   }
 }
 
 /** A valid value for a field, as the wire would carry it. */
 export function validValue(spec: FieldSpec): fc.Arbitrary<unknown> {
-  return FORMATTED[spec.key] ?? valueOf(spec.type);
+  return FORMATTED[spec.key] ?? arbitraryOf(spec.type);
 }
 
 /** Fields a CONFIGURE delta may name. */

@@ -108,7 +108,15 @@ describe('registry tiers pinned against the seed lists', () => {
 
 describe('registry entries', () => {
   it('uses the seed 001 wire names as canonical keys', () => {
-    for (const name of ['override_tensors', 'rpc_servers', 'state_chunk_size', 'n_ctx', 'seed', 'model', 'flash_attn']) {
+    for (const name of [
+      'override_tensors',
+      'rpc_servers',
+      'state_chunk_size',
+      'n_ctx',
+      'seed',
+      'model',
+      'flash_attn',
+    ]) {
       expect(fieldFor(name)?.key).toBe(name);
     }
     expect(fieldFor('tensor_buft_overrides')?.key).toBe('override_tensors');
