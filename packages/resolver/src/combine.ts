@@ -1,6 +1,6 @@
 import { fail } from './errors.js';
 import type { ModelClass } from './model-facts.js';
-import { type ModelEntry, type ModelRegistry, isPeerAddress } from './registry.js';
+import { isPeerAddress, type ModelEntry, type ModelRegistry } from './registry.js';
 
 /** SOLO: the model on this engine's device alone. COMBINE: together with a peer engine's device. */
 export type CombineMode = 'solo' | 'combine';
@@ -55,16 +55,23 @@ export function resolveCombine(req: CombineRequest): CombineDelta {
   }
   let entry: ModelEntry;
   if (typeof req.model === 'string') {
-    if (req.model === '') fail('HYDRA_ERR_BAD_VALUE', 'model must be a non-empty string', { keys: ['model'] });
-    entry = req.registry ? req.registry.resolve(req.model) : { alias: req.model, path: req.model, defaults: {} };
+    if (req.model === '')
+      fail('HYDRA_ERR_BAD_VALUE', 'model must be a non-empty string', { keys: ['model'] });
+    entry = req.registry
+      ? req.registry.resolve(req.model)
+      : { alias: req.model, path: req.model, defaults: {} };
   } else {
     entry = req.model;
   }
   const modelClass = req.modelClass ?? entry.class;
   if (modelClass !== 'moe' && modelClass !== 'dense') {
-    fail('HYDRA_ERR_BAD_VALUE', `model class of ${entry.alias} is unknown: pass modelClass (read from the GGUF)`, {
-      keys: ['modelClass'],
-    });
+    fail(
+      'HYDRA_ERR_BAD_VALUE',
+      `model class of ${entry.alias} is unknown: pass modelClass (read from the GGUF)`,
+      {
+        keys: ['modelClass'],
+      },
+    );
   }
   const d = entry.defaults;
   const nGpuLayers = d.n_gpu_layers ?? DEFAULT_N_GPU_LAYERS;
@@ -95,7 +102,12 @@ export function resolveCombine(req: CombineRequest): CombineDelta {
 
   if (peer === undefined) return { model: entry.alias, n_gpu_layers: nGpuLayers, split_mode: 'none' };
   const split = req.tensorSplit ?? d.tensor_split;
-  if (split === undefined || split.length === 0 || !split.every((x) => Number.isFinite(x) && x >= 0) || !split.some((x) => x > 0)) {
+  if (
+    split === undefined ||
+    split.length === 0 ||
+    !split.every((x) => Number.isFinite(x) && x >= 0) ||
+    !split.some((x) => x > 0)
+  ) {
     fail('HYDRA_ERR_BAD_VALUE', `dense combine of ${entry.alias} needs tensor_split (request or registry)`, {
       keys: ['tensor_split'],
     });

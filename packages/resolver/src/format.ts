@@ -4,7 +4,21 @@ const mib = (b: number) => (b / (1024 * 1024)).toFixed(1);
 
 /** A plain-text table of a plan, for terminals (sizes in MiB). */
 export function formatPlanTable(plan: SplitPlan): string {
-  const header = ['device', 'layers', 'out', 'kv layers', 'weights', 'kv', 'recurrent', 'compute', 'margin', 'total', 'free', 'headroom', 'fits'];
+  const header = [
+    'device',
+    'layers',
+    'out',
+    'kv layers',
+    'weights',
+    'kv',
+    'recurrent',
+    'compute',
+    'margin',
+    'total',
+    'free',
+    'headroom',
+    'fits',
+  ];
   const rows = plan.devices.map((d) => [
     d.name,
     d.layers === null ? '-' : `${d.layers.first}-${d.layers.last} (${d.layers.count})`,
@@ -21,7 +35,10 @@ export function formatPlanTable(plan: SplitPlan): string {
     d.fits ? 'yes' : `NO (${d.binding})`,
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] as string).length)));
-  const line = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number))).join('  ');
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
+      .join('  ');
   const out = [
     `model ${plan.model.arch} (${plan.model.modelClass}), ${plan.model.nLayerAll} blocks; n_ctx ${plan.nCtx} (${plan.kvCells} cells x ${plan.nStream} streams), K ${plan.cacheTypeK} / V ${plan.cacheTypeV}, n_parallel ${plan.nParallel}`,
     `tensor_split ${plan.tensorSplit.map((x) => x.toFixed(4)).join(',')}   (sizes in MiB)`,
@@ -30,7 +47,8 @@ export function formatPlanTable(plan: SplitPlan): string {
     `host: ${plan.host.layers.length} layers, weights ${mib(plan.host.weightBytes)} MiB, kv ${mib(plan.host.kvBytes)} MiB`,
     `plan ${plan.fits ? 'fits' : 'does NOT fit'}; least headroom on ${plan.bindingDevice}`,
     ...plan.maxFraction.map(
-      (m) => `max toward ${m.device}: fraction ${m.fraction.toFixed(4)} (${m.layerCount} layers), tensor_split ${m.tensorSplit.join(',')}`,
+      (m) =>
+        `max toward ${m.device}: fraction ${m.fraction.toFixed(4)} (${m.layerCount} layers), tensor_split ${m.tensorSplit.join(',')}`,
     ),
     ...plan.warnings.map((w) => `warning: ${w}`),
   ];

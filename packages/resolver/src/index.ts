@@ -1,4 +1,21 @@
+export {
+  type CombineDelta,
+  type CombineMode,
+  type CombineRequest,
+  EXPERT_TENSOR_REGEX,
+  MOE_HOST_OVERRIDES,
+  resolveCombine,
+} from './combine.js';
 export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';
+export { formatPlanTable, planToJSON } from './format.js';
+export {
+  type GgmlTypeInfo,
+  ggmlTypeById,
+  ggmlTypeByName,
+  ggmlTypes,
+  KV_CACHE_TYPES,
+  rowBytes,
+} from './gguf/ggml-types.js';
 export {
   type ByteReader,
   type GgufFile,
@@ -12,7 +29,6 @@ export {
   type ReadGgufOptions,
   readGguf,
 } from './gguf/reader.js';
-export { type GgmlTypeInfo, KV_CACHE_TYPES, ggmlTypeById, ggmlTypeByName, ggmlTypes, rowBytes } from './gguf/ggml-types.js';
 export {
   type LayerFacts,
   type LayerKind,
@@ -27,17 +43,8 @@ export {
   type KvPlacement,
   type MaxFraction,
   type PlanDevice,
+  planSplit,
   type SplitPlan,
   type SplitPlanOptions,
-  planSplit,
 } from './planner.js';
-export { formatPlanTable, planToJSON } from './format.js';
-export { type ModelDefaults, type ModelEntry, ModelRegistry, isPeerAddress } from './registry.js';
-export {
-  type CombineDelta,
-  type CombineMode,
-  type CombineRequest,
-  EXPERT_TENSOR_REGEX,
-  MOE_HOST_OVERRIDES,
-  resolveCombine,
-} from './combine.js';
+export { isPeerAddress, type ModelDefaults, type ModelEntry, ModelRegistry } from './registry.js';

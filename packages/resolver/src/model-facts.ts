@@ -66,7 +66,15 @@ const HYBRID_ARCHS = new Set([
   ...INTERVAL_HYBRID_ARCHS,
 ]);
 // Architectures whose main-context KV cache filters out the nextn layers (llama_model::create_memory).
-const NEXTN_NO_KV_ARCHS = new Set(['step35', 'hy-v3', 'glm-dsa', 'mimo2', 'deepseek32', 'dots3note', 'deepseek4']);
+const NEXTN_NO_KV_ARCHS = new Set([
+  'step35',
+  'hy-v3',
+  'glm-dsa',
+  'mimo2',
+  'deepseek32',
+  'dots3note',
+  'deepseek4',
+]);
 // Architectures whose SWA pattern llama.cpp hard-codes instead of reading it from the GGUF.
 const SWA_PATTERN_DEFAULTS: Record<string, number> = { gemma2: 2, gemma3: 6, cohere2: 4 };
 
@@ -93,7 +101,8 @@ export function modelFactsFromGguf(gguf: GgufFile): ModelFacts {
   };
 
   const nLayerAll = uint('block_count');
-  if (nLayerAll === 0) fail('HYDRA_ERR_MODEL_METADATA', `${key('block_count')} is 0`, { keys: [key('block_count')] });
+  if (nLayerAll === 0)
+    fail('HYDRA_ERR_MODEL_METADATA', `${key('block_count')} is 0`, { keys: [key('block_count')] });
   const nLayerNextn = uint('nextn_predict_layers', 0);
   if (nLayerNextn > nLayerAll) {
     fail('HYDRA_ERR_MODEL_METADATA', `${key('nextn_predict_layers')} exceeds block_count`, {
@@ -117,7 +126,8 @@ export function modelFactsFromGguf(gguf: GgufFile): ModelFacts {
   const nSwaRaw = uint('attention.sliding_window', 0);
 
   const recurrent = recurrentLayers(gguf, arch, nLayerAll, nLayer, nHeadKv, warnings);
-  const swa = nSwaRaw > 0 ? swaLayers(gguf, arch, nLayerAll, nLayer, warnings) : new Array(nLayerAll).fill(false);
+  const swa =
+    nSwaRaw > 0 ? swaLayers(gguf, arch, nLayerAll, nLayer, warnings) : new Array(nLayerAll).fill(false);
   const nSwa = swa.some(Boolean) ? nSwaRaw : 0;
 
   const dConv = uint('ssm.conv_kernel', 0);
@@ -210,13 +220,24 @@ export function modelClassOf(gguf: GgufFile): ModelClass {
   return typeof n === 'number' && n > 0 ? 'moe' : 'dense';
 }
 
-function perLayerArray(v: GgufValue | undefined, n: number, k: string, fallback: readonly number[] | number): number[] {
+function perLayerArray(
+  v: GgufValue | undefined,
+  n: number,
+  k: string,
+  fallback: readonly number[] | number,
+): number[] {
   if (v === undefined) return typeof fallback === 'number' ? new Array(n).fill(fallback) : [...fallback];
   if (typeof v === 'number' && Number.isInteger(v) && v >= 0) return new Array(n).fill(v);
-  if (Array.isArray(v) && v.length >= n && v.every((x) => typeof x === 'number' && Number.isInteger(x) && x >= 0)) {
+  if (
+    Array.isArray(v) &&
+    v.length >= n &&
+    v.every((x) => typeof x === 'number' && Number.isInteger(x) && x >= 0)
+  ) {
     return (v as number[]).slice(0, n);
   }
-  return fail('HYDRA_ERR_MODEL_METADATA', `GGUF metadata ${k} must be an integer or one per layer`, { keys: [k] });
+  return fail('HYDRA_ERR_MODEL_METADATA', `GGUF metadata ${k} must be an integer or one per layer`, {
+    keys: [k],
+  });
 }
 
 function recurrentLayers(
@@ -247,7 +268,13 @@ function recurrentLayers(
   return out;
 }
 
-function swaLayers(gguf: GgufFile, arch: string, nLayerAll: number, nLayer: number, warnings: string[]): boolean[] {
+function swaLayers(
+  gguf: GgufFile,
+  arch: string,
+  nLayerAll: number,
+  nLayer: number,
+  warnings: string[],
+): boolean[] {
   const out = new Array<boolean>(nLayerAll).fill(false);
   const pattern = gguf.get(`${arch}.attention.sliding_window_pattern`);
   if (Array.isArray(pattern)) {

@@ -1,5 +1,5 @@
 import { fail } from './errors.js';
-import { type GgmlTypeInfo, KV_CACHE_TYPES, ggmlTypeByName, rowBytes } from './gguf/ggml-types.js';
+import { type GgmlTypeInfo, ggmlTypeByName, KV_CACHE_TYPES, rowBytes } from './gguf/ggml-types.js';
 import type { ModelFacts } from './model-facts.js';
 
 const MIB = 1024 * 1024;
@@ -110,7 +110,11 @@ export interface SplitPlan {
   readonly tensorSplit: readonly number[];
   readonly devices: readonly DevicePlan[];
   /** What stays in host memory: token_embd, layers not offloaded. */
-  readonly host: { readonly layers: readonly number[]; readonly weightBytes: number; readonly kvBytes: number };
+  readonly host: {
+    readonly layers: readonly number[];
+    readonly weightBytes: number;
+    readonly kvBytes: number;
+  };
   readonly fits: boolean;
   /** The device with the least headroom. */
   readonly bindingDevice: string;
@@ -175,14 +179,16 @@ export function planSplit(facts: ModelFacts, options: SplitPlanOptions): SplitPl
 }
 
 function resolve(facts: ModelFacts, o: SplitPlanOptions): Resolved {
-  const bad = (key: string, msg: string): never => fail('HYDRA_ERR_BAD_VALUE', `options.${key} ${msg}`, { keys: [key] });
+  const bad = (key: string, msg: string): never =>
+    fail('HYDRA_ERR_BAD_VALUE', `options.${key} ${msg}`, { keys: [key] });
   if (!Array.isArray(o.devices) || o.devices.length === 0) bad('devices', 'must be a non-empty array');
   const names = new Set<string>();
   for (const d of o.devices) {
     if (typeof d?.name !== 'string' || d.name === '') bad('devices', 'entries need a name');
     if (names.has(d.name)) bad('devices', `names device ${d.name} twice`);
     names.add(d.name);
-    if (!Number.isSafeInteger(d.freeBytes) || d.freeBytes < 0) bad('devices', 'freeBytes must be a non-negative integer');
+    if (!Number.isSafeInteger(d.freeBytes) || d.freeBytes < 0)
+      bad('devices', 'freeBytes must be a non-negative integer');
   }
   const posInt = (key: keyof SplitPlanOptions, v: unknown, dflt: number): number => {
     if (v === undefined) return dflt;
@@ -219,10 +225,13 @@ function resolve(facts: ModelFacts, o: SplitPlanOptions): Resolved {
     }
   }
   const placement = o.kvPlacement ?? 'layer';
-  if (placement !== 'layer' && placement !== 'rounded-fraction') bad('kvPlacement', 'must be layer or rounded-fraction');
+  if (placement !== 'layer' && placement !== 'rounded-fraction')
+    bad('kvPlacement', 'must be layer or rounded-fraction');
   for (const l of facts.layers) {
-    if (l.nEmbdKGqa % typeK.blockSize !== 0) bad('cacheTypeK', `${typeK.name} needs n_embd_k_gqa divisible by ${typeK.blockSize}`);
-    if (l.nEmbdVGqa % typeV.blockSize !== 0) bad('cacheTypeV', `${typeV.name} needs n_embd_v_gqa divisible by ${typeV.blockSize}`);
+    if (l.nEmbdKGqa % typeK.blockSize !== 0)
+      bad('cacheTypeK', `${typeK.name} needs n_embd_k_gqa divisible by ${typeK.blockSize}`);
+    if (l.nEmbdVGqa % typeV.blockSize !== 0)
+      bad('cacheTypeV', `${typeV.name} needs n_embd_v_gqa divisible by ${typeV.blockSize}`);
   }
 
   // llama_context: n_ctx is padded to 256; without a unified cache each sequence gets its own stream.
@@ -231,7 +240,9 @@ function resolve(facts: ModelFacts, o: SplitPlanOptions): Resolved {
   const kvCells = unified ? nCtxPadded : pad(Math.floor(nCtxPadded / nSeq), 256);
   const nStream = unified ? 1 : nSeq;
   const swaFull = o.swaFull ?? false;
-  const swaCells = swaFull ? kvCells : pad(Math.min(kvCells, facts.nSwa * (unified ? nSeq : 1) + nUbatch), 256);
+  const swaCells = swaFull
+    ? kvCells
+    : pad(Math.min(kvCells, facts.nSwa * (unified ? nSeq : 1) + nUbatch), 256);
   return {
     devices: o.devices,
     typeK,
@@ -418,7 +429,12 @@ function maxFractionFor(facts: ModelFacts, r: Resolved, base: readonly number[],
   // Layer boundaries sit at k/act (weights) and, for rounded-fraction KV, at (k+0.5)/(n+1): a grid
   // of half steps visits every distinct placement.
   const steps = 2 * (facts.nLayerAll + 1);
-  let best: MaxFraction = { device: name, fraction: 0, layerCount: 0, tensorSplit: splitToward(base, nDev, d, 0, r) };
+  let best: MaxFraction = {
+    device: name,
+    fraction: 0,
+    layerCount: 0,
+    tensorSplit: splitToward(base, nDev, d, 0, r),
+  };
   for (let j = 0; j <= steps; j++) {
     const f = j / steps;
     const vec = splitToward(base, nDev, d, f, r);

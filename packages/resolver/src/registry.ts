@@ -1,4 +1,4 @@
-import { LineCounter, isMap, isScalar, isSeq, type Node, parseDocument } from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, type Node, parseDocument } from 'yaml';
 import { fail } from './errors.js';
 import { KV_CACHE_TYPES } from './gguf/ggml-types.js';
 import type { ModelClass } from './model-facts.js';
@@ -141,7 +141,9 @@ export class ModelRegistry {
 
       const path = str('path', (s) => s.trim() !== '', 'a non-empty path');
       if (path === undefined) invalid(at(keyNode), base, 'missing required key `path`');
-      const cls = str('class', (s) => s === 'moe' || s === 'dense', '`moe` or `dense`') as ModelClass | undefined;
+      const cls = str('class', (s) => s === 'moe' || s === 'dense', '`moe` or `dense`') as
+        | ModelClass
+        | undefined;
       const peer = str('peer', isPeerAddress, 'host:port');
       const kvType = (s: string) => (KV_CACHE_TYPES as readonly string[]).includes(s);
       const defaults: Record<string, unknown> = {

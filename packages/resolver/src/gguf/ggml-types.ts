@@ -67,7 +67,17 @@ export function ggmlTypes(): readonly GgmlTypeInfo[] {
 }
 
 /** KV cache types llama.cpp accepts for `cache_type_k` / `cache_type_v` (common/arg.cpp). */
-export const KV_CACHE_TYPES = ['f32', 'f16', 'bf16', 'q8_0', 'q4_0', 'q4_1', 'iq4_nl', 'q5_0', 'q5_1'] as const;
+export const KV_CACHE_TYPES = [
+  'f32',
+  'f16',
+  'bf16',
+  'q8_0',
+  'q4_0',
+  'q4_1',
+  'iq4_nl',
+  'q5_0',
+  'q5_1',
+] as const;
 
 /** Bytes of `n` elements of a type, as ggml_row_size computes them (n must be a whole number of blocks). */
 export function rowBytes(type: GgmlTypeInfo, n: number): number {

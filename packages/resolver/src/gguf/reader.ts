@@ -72,7 +72,19 @@ export interface ReadGgufOptions {
 const MAGIC = 0x46554747; // "GGUF" read as little-endian u32
 const DEFAULT_ALIGNMENT = 32;
 const MAX_DIMS = 4;
-const SCALAR_SIZES: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
+const SCALAR_SIZES: Record<number, number> = {
+  0: 1,
+  1: 1,
+  2: 2,
+  3: 2,
+  4: 4,
+  5: 4,
+  6: 4,
+  7: 1,
+  10: 8,
+  11: 8,
+  12: 8,
+};
 
 /**
  * Reads the header, the metadata and the tensor table of a GGUF v2/v3 file through an injected
@@ -151,18 +163,25 @@ export async function readGguf(source: GgufSource, options: ReadGgufOptions = {}
     let elements = 1;
     for (let d = 0; d < nDims; d++) {
       const ne = await c.u64();
-      if (ne > BigInt(Number.MAX_SAFE_INTEGER)) fail('HYDRA_ERR_GGUF_INVALID', `tensor ${name}: dimension too large`);
+      if (ne > BigInt(Number.MAX_SAFE_INTEGER))
+        fail('HYDRA_ERR_GGUF_INVALID', `tensor ${name}: dimension too large`);
       dims.push(Number(ne));
       elements *= Number(ne);
-      if (!Number.isSafeInteger(elements)) fail('HYDRA_ERR_GGUF_INVALID', `tensor ${name}: too many elements`);
+      if (!Number.isSafeInteger(elements))
+        fail('HYDRA_ERR_GGUF_INVALID', `tensor ${name}: too many elements`);
     }
     const typeId = await c.u32();
     const type = ggmlTypeById(typeId);
     if (type === undefined) {
-      fail('HYDRA_ERR_GGUF_UNSUPPORTED', `tensor ${name}: unknown ggml type ${typeId}`, { details: { typeId } });
+      fail('HYDRA_ERR_GGUF_UNSUPPORTED', `tensor ${name}: unknown ggml type ${typeId}`, {
+        details: { typeId },
+      });
     }
     if ((dims[0] as number) % type.blockSize !== 0) {
-      fail('HYDRA_ERR_GGUF_INVALID', `tensor ${name}: row of ${dims[0]} is not a multiple of ${type.blockSize}`);
+      fail(
+        'HYDRA_ERR_GGUF_INVALID',
+        `tensor ${name}: row of ${dims[0]} is not a multiple of ${type.blockSize}`,
+      );
     }
     const offset = Number(await c.u64());
     if (!Number.isSafeInteger(offset) || offset % alignment !== 0) {
@@ -214,7 +233,10 @@ class Cursor {
     const rel = this.#pos - this.#bufStart;
     if (rel + n <= this.#buf.length) return rel;
     const kept = this.#buf.subarray(rel);
-    const want = Math.min(Math.max(this.#chunkSize, n - kept.length), this.#source.size - this.#pos - kept.length);
+    const want = Math.min(
+      Math.max(this.#chunkSize, n - kept.length),
+      this.#source.size - this.#pos - kept.length,
+    );
     const got = await this.#source.read(this.#pos + kept.length, want);
     if (!(got instanceof Uint8Array)) fail('HYDRA_ERR_BAD_VALUE', 'source.read must resolve to a Uint8Array');
     const fresh = got.subarray(0, want);

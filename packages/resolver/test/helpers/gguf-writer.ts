@@ -1,5 +1,11 @@
 import { type GgmlTypeInfo, ggmlTypeByName } from '../../src/gguf/ggml-types.js';
-import { type GgufKv, GgufType, type GgufTypeId, type GgufScalar, type GgufSource } from '../../src/gguf/reader.js';
+import {
+  type GgufKv,
+  type GgufScalar,
+  type GgufSource,
+  GgufType,
+  type GgufTypeId,
+} from '../../src/gguf/reader.js';
 
 /** A tensor to write: name, dims (ne) and ggml type name; data is zeros unless `withData`. */
 export interface TensorSpec {
@@ -45,23 +51,61 @@ class Bytes {
     this.push(e);
   }
   scalar(type: GgufTypeId, v: GgufScalar): void {
-    const sizes: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
-    if (type === GgufType.STRING) return this.str(v as string);
+    const sizes: Record<number, number> = {
+      0: 1,
+      1: 1,
+      2: 2,
+      3: 2,
+      4: 4,
+      5: 4,
+      6: 4,
+      7: 1,
+      10: 8,
+      11: 8,
+      12: 8,
+    };
+    if (type === GgufType.STRING) {
+      this.str(v as string);
+      return;
+    }
     const b = new Uint8Array(sizes[type] as number);
     const d = new DataView(b.buffer);
     switch (type) {
-      case GgufType.UINT8: d.setUint8(0, v as number); break;
-      case GgufType.INT8: d.setInt8(0, v as number); break;
-      case GgufType.UINT16: d.setUint16(0, v as number, true); break;
-      case GgufType.INT16: d.setInt16(0, v as number, true); break;
-      case GgufType.UINT32: d.setUint32(0, v as number, true); break;
-      case GgufType.INT32: d.setInt32(0, v as number, true); break;
-      case GgufType.FLOAT32: d.setFloat32(0, v as number, true); break;
-      case GgufType.BOOL: d.setUint8(0, v ? 1 : 0); break;
-      case GgufType.UINT64: d.setBigUint64(0, BigInt(v as number), true); break;
-      case GgufType.INT64: d.setBigInt64(0, BigInt(v as number), true); break;
-      case GgufType.FLOAT64: d.setFloat64(0, v as number, true); break;
-      default: throw new Error(`bad type ${type}`);
+      case GgufType.UINT8:
+        d.setUint8(0, v as number);
+        break;
+      case GgufType.INT8:
+        d.setInt8(0, v as number);
+        break;
+      case GgufType.UINT16:
+        d.setUint16(0, v as number, true);
+        break;
+      case GgufType.INT16:
+        d.setInt16(0, v as number, true);
+        break;
+      case GgufType.UINT32:
+        d.setUint32(0, v as number, true);
+        break;
+      case GgufType.INT32:
+        d.setInt32(0, v as number, true);
+        break;
+      case GgufType.FLOAT32:
+        d.setFloat32(0, v as number, true);
+        break;
+      case GgufType.BOOL:
+        d.setUint8(0, v ? 1 : 0);
+        break;
+      case GgufType.UINT64:
+        d.setBigUint64(0, BigInt(v as number), true);
+        break;
+      case GgufType.INT64:
+        d.setBigInt64(0, BigInt(v as number), true);
+        break;
+      case GgufType.FLOAT64:
+        d.setFloat64(0, v as number, true);
+        break;
+      default:
+        throw new Error(`bad type ${type}`);
     }
     this.push(b);
   }

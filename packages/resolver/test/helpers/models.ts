@@ -1,5 +1,5 @@
 import { GgufType } from '../../src/gguf/reader.js';
-import { type KvSpec, type TensorSpec, kvArr, kvStr, kvU32, writeGguf } from './gguf-writer.js';
+import { type KvSpec, kvArr, kvStr, kvU32, type TensorSpec, writeGguf } from './gguf-writer.js';
 
 /** A llama-layout dense model: n_layer blocks of attention + FFN at one weight type. */
 export function llamaModel(o: {
@@ -112,6 +112,9 @@ export function hybrid27b() {
       { name: `${b}.ffn_down.weight`, dims: [nFf, nEmbd], type: t },
     );
   }
-  tensors.push({ name: 'output_norm.weight', dims: [nEmbd], type: 'f32' }, { name: 'output.weight', dims: [nEmbd, nVocab], type: t });
+  tensors.push(
+    { name: 'output_norm.weight', dims: [nEmbd], type: 'f32' },
+    { name: 'output.weight', dims: [nEmbd, nVocab], type: t },
+  );
   return writeGguf(kv, tensors);
 }
