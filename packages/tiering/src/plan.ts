@@ -261,7 +261,20 @@ export function normalize(delta: unknown, options: NormalizeOptions = {}): Param
 
 /** Copies a registry value; primitives are returned as they are. */
 export function copy<T>(value: T): T {
-  return typeof value === 'object' && value !== null ? structuredClone(value) : value;
+  if (typeof value !== 'object' || value === null) return value;
+  // Registry values are JSON-shaped (arrays, string maps, primitives): a hand copy is several
+  // times cheaper than structuredClone, and plans copy the whole applied state.
+  if (Array.isArray(value)) return value.map(copy) as T;
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(value)) {
+    Object.defineProperty(out, k, {
+      value: copy((value as Record<string, unknown>)[k]),
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
+  }
+  return out as T;
 }
 
 const TIER_RANK: Record<PlanTier, number> = { none: 0, T1: 1, T2: 2, T3: 3 };
