@@ -1,0 +1,134 @@
+import { HydraError } from '../errors.js';
+import { type SynthModelResult, type SynthProgress, writeSyntheticModel } from './generate.js';
+import {
+  SYNTH_ARCHS,
+  SYNTH_QUANTS,
+  SYNTH_SHAPES,
+  type SynthArch,
+  type SynthQuant,
+  type SynthShape,
+} from './shapes.js';
+
+/** The options `synth-model` parses from its flags. */
+export interface SynthArgs {
+  arch: SynthArch;
+  shape: SynthShape;
+  quant: SynthQuant;
+  seed: number;
+  out: string;
+}
+
+export const SYNTH_USAGE = `usage: hydra-engine synth-model --out FILE [--arch llama|moe] [--shape tiny|1b|8b|27b]
+                               [--quant f32|f16|q8_0|q4_0] [--seed N]
+defaults: --arch llama --shape tiny --quant q8_0 --seed 0`;
+
+const FLAGS = ['arch', 'shape', 'quant', 'seed', 'out'] as const;
+type Flag = (typeof FLAGS)[number];
+
+function bad(key: string, message: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${message}\n${SYNTH_USAGE}`, { keys: [key] });
+}
+
+function oneOf<T extends string>(key: string, value: string, allowed: readonly T[]): T {
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw bad(key, `--${key} must be one of ${allowed.join(', ')}, got ${JSON.stringify(value)}`);
+  }
+  return value as T;
+}
+
+/**
+ * Parses `--arch --shape --quant --seed --out` (as `--flag value` or `--flag=value`). Unknown,
+ * repeated or valueless flags, stray arguments, bad values and a missing `--out` throw a
+ * HydraError with code `HYDRA_ERR_BAD_ARGUMENT` whose `keys` name the offending flag.
+ */
+export function parseSynthArgs(argv: readonly string[]): SynthArgs {
+  const seen = new Map<Flag, string>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (!arg.startsWith('--')) throw bad(arg, `unexpected argument ${JSON.stringify(arg)}`);
+    const eq = arg.indexOf('=');
+    const name = arg.slice(2, eq === -1 ? undefined : eq);
+    if (!(FLAGS as readonly string[]).includes(name)) throw bad(name, `unknown flag --${name}`);
+    const flag = name as Flag;
+    if (seen.has(flag)) throw bad(flag, `--${flag} given twice`);
+    let value: string | undefined;
+    if (eq !== -1) {
+      value = arg.slice(eq + 1);
+    } else {
+      value = argv[i + 1];
+      if (value === undefined || value.startsWith('--')) value = undefined;
+      else i++;
+    }
+    if (value === undefined || value.length === 0) throw bad(flag, `--${flag} needs a value`);
+    seen.set(flag, value);
+  }
+  const out = seen.get('out');
+  if (out === undefined) throw bad('out', '--out FILE is required');
+  const seedText = seen.get('seed') ?? '0';
+  const seed = /^[0-9]{1,10}$/.test(seedText) ? Number(seedText) : Number.NaN;
+  if (!(seed <= 0xffffffff))
+    throw bad('seed', `--seed must be an integer in [0, 4294967295], got ${seedText}`);
+  return {
+    arch: oneOf('arch', seen.get('arch') ?? 'llama', SYNTH_ARCHS),
+    shape: oneOf('shape', seen.get('shape') ?? 'tiny', SYNTH_SHAPES),
+    quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS),
+    seed,
+    out,
+  };
+}
+
+/** Where {@link runSynthCli} prints. */
+export interface SynthCliIo {
+  stdout: { write(text: string): unknown };
+  stderr: { write(text: string): unknown };
+}
+
+const PROGRESS_MIN_BYTES = 256 << 20;
+const GIB = 1024 ** 3;
+
+/**
+ * The `synth-model` command: prints usage for `--help`/`-h` (and returns null), otherwise writes
+ * the model, reports progress on stderr for files over 256 MiB (about once a second), and prints
+ * a one-line JSON summary on stdout. Errors propagate as HydraError for the caller to report.
+ */
+export async function runSynthCli(
+  argv: readonly string[],
+  io: SynthCliIo = { stdout: process.stdout, stderr: process.stderr },
+): Promise<SynthModelResult | null> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    io.stdout.write(`${SYNTH_USAGE}\n`);
+    return null;
+  }
+  const args = parseSynthArgs(argv);
+  const started = performance.now();
+  let lastPrint = 0;
+  const onProgress = (p: SynthProgress): void => {
+    if (p.totalBytes < PROGRESS_MIN_BYTES) return;
+    const now = performance.now();
+    if (now - lastPrint < 1000 && p.bytesWritten < p.totalBytes) return;
+    lastPrint = now;
+    const rate = p.bytesWritten / 1e6 / Math.max((now - started) / 1000, 1e-3);
+    io.stderr.write(
+      `synth-model: ${(p.bytesWritten / GIB).toFixed(2)}/${(p.totalBytes / GIB).toFixed(2)} GiB ` +
+        `(${Math.floor((100 * p.bytesWritten) / p.totalBytes)}%), tensor ${p.tensorsDone}/${p.tensorCount}, ` +
+        `${rate.toFixed(0)} MB/s\n`,
+    );
+  };
+  const result = await writeSyntheticModel({ ...args, onProgress });
+  io.stdout.write(
+    `${JSON.stringify({
+      path: result.path,
+      bytes: result.bytes,
+      nParams: result.nParams,
+      tensors: result.tensors,
+      arch: result.arch,
+      shape: result.shape,
+      quant: result.quant,
+      seed: result.seed,
+      hparams: result.hparams,
+      seconds: Number(result.seconds.toFixed(3)),
+      mbPerSecond: Number((result.bytesPerSecond / 1e6).toFixed(1)),
+    })}\n`,
+  );
+  return result;
+}

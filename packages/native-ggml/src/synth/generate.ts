@@ -1,0 +1,360 @@
+import { mkdir, open, rename, rm } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { HydraError } from '../errors.js';
+import {
+  encodeGgufHeader,
+  GGML_TYPE_TRAITS,
+  GGUF_ALIGNMENT,
+  GgmlType,
+  type GgufValue,
+  padTo,
+  tensorElements,
+} from './gguf.js';
+import {
+  NORM_GAIN_F32,
+  NORMAL_F16,
+  NORMAL_F32,
+  Q4_0_SCALE_F16,
+  Q8_0_SCALE_F16,
+  Xorshift128,
+} from './random.js';
+import {
+  FILE_TYPE,
+  SYNTH_ARCHS,
+  SYNTH_QUANTS,
+  SYNTH_SHAPES,
+  type SynthArch,
+  type SynthHparams,
+  type SynthQuant,
+  type SynthShape,
+  type SynthTensor,
+  synthHparams,
+  synthTensors,
+} from './shapes.js';
+import { BOS_ID, buildVocabulary, CHATML_TEMPLATE, EOS_ID, UNK_ID } from './vocab.js';
+
+/** Progress of {@link writeSyntheticModel}, reported after each chunk reaches the file. */
+export interface SynthProgress {
+  bytesWritten: number;
+  totalBytes: number;
+  tensorsDone: number;
+  tensorCount: number;
+}
+
+/** Options of {@link writeSyntheticModel}. */
+export interface SynthModelOptions {
+  /** `llama` (dense) or `moe` (llama arch with 8 experts, 2 used). */
+  arch: SynthArch;
+  shape: SynthShape;
+  /** Type of the 2-D weight tensors; norms and the MoE router are always f32. */
+  quant: SynthQuant;
+  /** Unsigned 32-bit seed; the same options always give a byte-identical file. */
+  seed: number;
+  /** Output path; written as `<out>.partial` and renamed when complete. */
+  out: string;
+  onProgress?: (progress: SynthProgress) => void;
+}
+
+/** What {@link writeSyntheticModel} wrote. */
+export interface SynthModelResult {
+  path: string;
+  /** File size in bytes. */
+  bytes: number;
+  nParams: number;
+  /** Number of tensors in the file. */
+  tensors: number;
+  arch: SynthArch;
+  shape: SynthShape;
+  quant: SynthQuant;
+  seed: number;
+  hparams: SynthHparams;
+  /** Bytes of the header (metadata, tensor infos, padding). */
+  headerBytes: number;
+  seconds: number;
+  bytesPerSecond: number;
+}
+
+const CHUNK_BYTES = 16 << 20;
+// Pieces have a fixed size per tensor so the random stream, and so the file, never depends on
+// where chunk boundaries fall.
+const PIECE_ELEMS = 1 << 18;
+
+function badArgument(key: string, message: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_ARGUMENT', message, { keys: [key] });
+}
+
+function validate(options: SynthModelOptions): void {
+  if (typeof options !== 'object' || options === null) {
+    throw badArgument('options', 'options must be an object');
+  }
+  if (!(SYNTH_ARCHS as readonly string[]).includes(options.arch)) {
+    throw badArgument('arch', `options.arch must be one of ${SYNTH_ARCHS.join(', ')}`);
+  }
+  if (!(SYNTH_SHAPES as readonly string[]).includes(options.shape)) {
+    throw badArgument('shape', `options.shape must be one of ${SYNTH_SHAPES.join(', ')}`);
+  }
+  if (!(SYNTH_QUANTS as readonly string[]).includes(options.quant)) {
+    throw badArgument('quant', `options.quant must be one of ${SYNTH_QUANTS.join(', ')}`);
+  }
+  if (!Number.isInteger(options.seed) || options.seed < 0 || options.seed > 0xffffffff) {
+    throw badArgument('seed', 'options.seed must be an integer in [0, 4294967295]');
+  }
+  if (typeof options.out !== 'string' || options.out.length === 0) {
+    throw badArgument('out', 'options.out must be a non-empty path');
+  }
+  if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
+    throw badArgument('onProgress', 'options.onProgress must be a function');
+  }
+}
+
+function metadata(
+  arch: SynthArch,
+  shape: SynthShape,
+  quant: SynthQuant,
+  seed: number,
+  h: SynthHparams,
+): Array<[string, GgufValue]> {
+  const vocab = buildVocabulary(h.nVocab);
+  const kv: Array<[string, GgufValue]> = [
+    ['general.architecture', { type: 'str', value: 'llama' }],
+    ['general.type', { type: 'str', value: 'model' }],
+    ['general.name', { type: 'str', value: `hydra-synth-${arch}-${shape}-${quant}` }],
+    ['general.description', { type: 'str', value: `synthetic random weights, seed ${seed}` }],
+    ['general.file_type', { type: 'u32', value: FILE_TYPE[quant] }],
+    ['general.quantization_version', { type: 'u32', value: 2 }],
+    ['general.alignment', { type: 'u32', value: GGUF_ALIGNMENT }],
+    ['llama.vocab_size', { type: 'u32', value: h.nVocab }],
+    ['llama.context_length', { type: 'u32', value: h.nCtxTrain }],
+    ['llama.embedding_length', { type: 'u32', value: h.nEmbd }],
+    ['llama.block_count', { type: 'u32', value: h.nLayer }],
+    ['llama.feed_forward_length', { type: 'u32', value: h.nFf }],
+    ['llama.rope.dimension_count', { type: 'u32', value: h.nEmbd / h.nHead }],
+    ['llama.attention.head_count', { type: 'u32', value: h.nHead }],
+    ['llama.attention.head_count_kv', { type: 'u32', value: h.nHeadKv }],
+    ['llama.attention.layer_norm_rms_epsilon', { type: 'f32', value: h.rmsEps }],
+    ['llama.rope.freq_base', { type: 'f32', value: h.ropeFreqBase }],
+  ];
+  if (h.nExpert > 0) {
+    kv.push(['llama.expert_count', { type: 'u32', value: h.nExpert }]);
+    kv.push(['llama.expert_used_count', { type: 'u32', value: h.nExpertUsed }]);
+  }
+  kv.push(
+    ['tokenizer.ggml.model', { type: 'str', value: 'llama' }],
+    ['tokenizer.ggml.pre', { type: 'str', value: 'default' }],
+    ['tokenizer.ggml.tokens', { type: 'arr_str', value: vocab.tokens }],
+    ['tokenizer.ggml.scores', { type: 'arr_f32', value: vocab.scores }],
+    ['tokenizer.ggml.token_type', { type: 'arr_i32', value: vocab.types }],
+    ['tokenizer.ggml.bos_token_id', { type: 'u32', value: BOS_ID }],
+    ['tokenizer.ggml.eos_token_id', { type: 'u32', value: EOS_ID }],
+    ['tokenizer.ggml.unknown_token_id', { type: 'u32', value: UNK_ID }],
+    ['tokenizer.ggml.add_bos_token', { type: 'bool', value: true }],
+    ['tokenizer.ggml.add_eos_token', { type: 'bool', value: false }],
+    ['tokenizer.chat_template', { type: 'str', value: CHATML_TEMPLATE }],
+  );
+  return kv;
+}
+
+/** Generates the bytes of one tensor piece by piece into reusable scratch memory. */
+class PieceGenerator {
+  readonly #words = new Uint32Array(PIECE_ELEMS); // >= the largest piece: f32, 4 bytes/elem
+  readonly #bytes = new Uint8Array(this.#words.buffer);
+  readonly #f32 = new Float32Array(this.#words.buffer);
+  readonly #u16 = new Uint16Array(this.#words.buffer);
+  readonly #rand = new Uint32Array(PIECE_ELEMS / 2);
+
+  /** Fills the next `elems` elements (a multiple of the block size, even) and returns their bytes. */
+  next(rng: Xorshift128, tensor: SynthTensor, elems: number): Uint8Array {
+    switch (tensor.type) {
+      case GgmlType.F32: {
+        const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : NORMAL_F32;
+        const rand = this.#rand;
+        const out = this.#f32;
+        const n = elems >>> 1;
+        rng.fill(rand, n);
+        for (let i = 0; i < n; i++) {
+          const r = rand[i]!;
+          out[2 * i] = table[r & 0xffff]!;
+          out[2 * i + 1] = table[r >>> 16]!;
+        }
+        return this.#bytes.subarray(0, elems * 4);
+      }
+      case GgmlType.F16: {
+        const rand = this.#rand;
+        const out = this.#u16;
+        const n = elems >>> 1;
+        rng.fill(rand, n);
+        for (let i = 0; i < n; i++) {
+          const r = rand[i]!;
+          out[2 * i] = NORMAL_F16[r & 0xffff]!;
+          out[2 * i + 1] = NORMAL_F16[r >>> 16]!;
+        }
+        return this.#bytes.subarray(0, elems * 2);
+      }
+      case GgmlType.Q8_0:
+      case GgmlType.Q4_0: {
+        // Uniform random quants under a fixed, valid f16 scale magnitude. The scale's sign is a
+        // random bit (the byte it overwrites): q4_0 nibbles minus 8 span [-8, 7], whose mean of
+        // -0.5 would otherwise give every weight matrix a rank-one bias.
+        const { typeSize, blockSize } = GGML_TYPE_TRAITS[tensor.type];
+        const scale = tensor.type === GgmlType.Q8_0 ? Q8_0_SCALE_F16 : Q4_0_SCALE_F16;
+        const lo = scale & 0xff;
+        const hi = scale >>> 8;
+        const blocks = elems / blockSize;
+        const size = blocks * typeSize;
+        rng.fill(this.#words, Math.ceil(size / 4));
+        const out = this.#bytes;
+        for (let b = 0, o = 0; b < blocks; b++, o += typeSize) {
+          const sign = (out[o]! & 1) << 7;
+          out[o] = lo;
+          out[o + 1] = hi | sign;
+        }
+        return out.subarray(0, size);
+      }
+    }
+    throw new Error(`unsupported tensor type ${tensor.type}`);
+  }
+}
+
+/** Double-buffered sequential writer: one chunk is filled while the previous one is written. */
+class ChunkWriter {
+  readonly #fh: Awaited<ReturnType<typeof open>>;
+  readonly #bufs = [Buffer.allocUnsafe(CHUNK_BYTES), Buffer.allocUnsafe(CHUNK_BYTES)];
+  #cur = 0;
+  #pos = 0;
+  #fileOffset: number;
+  #pending: Promise<unknown> | null = null;
+  readonly #onFlush: (bytesWritten: number) => void;
+
+  constructor(
+    fh: Awaited<ReturnType<typeof open>>,
+    startOffset: number,
+    onFlush: (bytesWritten: number) => void,
+  ) {
+    this.#fh = fh;
+    this.#fileOffset = startOffset;
+    this.#onFlush = onFlush;
+  }
+
+  /** Room for `n` more bytes in the current chunk (flushing first when needed). */
+  async reserve(n: number): Promise<void> {
+    if (this.#pos + n > CHUNK_BYTES) await this.flush();
+  }
+
+  put(bytes: Uint8Array): void {
+    this.#bufs[this.#cur]!.set(bytes, this.#pos);
+    this.#pos += bytes.length;
+  }
+
+  zeros(n: number): void {
+    this.#bufs[this.#cur]!.fill(0, this.#pos, this.#pos + n);
+    this.#pos += n;
+  }
+
+  async flush(): Promise<void> {
+    if (this.#pos === 0) return;
+    if (this.#pending) await this.#pending;
+    const buf = this.#bufs[this.#cur]!;
+    const length = this.#pos;
+    const position = this.#fileOffset;
+    this.#fileOffset += length;
+    const pending = this.#fh.write(buf, 0, length, position).then(() => this.#onFlush(position + length));
+    // Marks a failed write as handled until the next flush or close awaits it and rethrows.
+    pending.catch(() => undefined);
+    this.#pending = pending;
+    this.#cur ^= 1;
+    this.#pos = 0;
+  }
+
+  async close(): Promise<void> {
+    await this.flush();
+    if (this.#pending) await this.#pending;
+    this.#pending = null;
+  }
+}
+
+/**
+ * Writes a random-weight GGUF v3 model with the upstream llama tensor layout, a SentencePiece
+ * vocabulary with byte fallback, and a chatml template. Streams in 16 MiB chunks, so even the
+ * 27B shape needs only a few tens of MB of memory.
+ */
+export async function writeSyntheticModel(options: SynthModelOptions): Promise<SynthModelResult> {
+  validate(options);
+  const { arch, shape, quant, seed, onProgress } = options;
+  const path = resolve(options.out);
+  const started = performance.now();
+  const hparams = synthHparams(arch, shape);
+  const tensors = synthTensors(hparams, quant);
+  const layout = encodeGgufHeader(metadata(arch, shape, quant, seed, hparams), tensors);
+  const totalBytes = layout.header.length + layout.dataBytes;
+  const partial = `${path}.partial`;
+
+  try {
+    await mkdir(dirname(path), { recursive: true });
+  } catch (cause) {
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `cannot create the folder of ${path}`, {
+      keys: ['out'],
+      cause,
+    });
+  }
+  let fh: Awaited<ReturnType<typeof open>>;
+  try {
+    fh = await open(partial, 'w');
+  } catch (cause) {
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `cannot write ${partial}`, { keys: ['out'], cause });
+  }
+
+  let tensorsDone = 0;
+  let nParams = 0;
+  try {
+    await fh.write(layout.header, 0, layout.header.length, 0);
+    const writer = new ChunkWriter(fh, layout.header.length, (bytesWritten) =>
+      onProgress?.({ bytesWritten, totalBytes, tensorsDone, tensorCount: tensors.length }),
+    );
+    const pieces = new PieceGenerator();
+    for (let t = 0; t < tensors.length; t++) {
+      const tensor = tensors[t]!;
+      const rng = new Xorshift128(seed, t);
+      const total = tensorElements(tensor.dims);
+      nParams += total;
+      let written = 0;
+      for (let done = 0; done < total; ) {
+        const elems = Math.min(PIECE_ELEMS, total - done);
+        const bytes = pieces.next(rng, tensor, elems);
+        await writer.reserve(bytes.length);
+        writer.put(bytes);
+        written += bytes.length;
+        done += elems;
+      }
+      const padding = padTo(written, GGUF_ALIGNMENT) - written;
+      await writer.reserve(padding);
+      writer.zeros(padding);
+      tensorsDone = t + 1;
+    }
+    await writer.close();
+    await fh.close();
+    await rename(partial, path);
+  } catch (cause) {
+    await fh.close().catch(() => undefined);
+    await rm(partial, { force: true }).catch(() => undefined);
+    if (cause instanceof HydraError) throw cause;
+    throw new HydraError('HYDRA_ERR_INTERNAL', `writing ${path} failed: ${(cause as Error).message}`, {
+      cause,
+    });
+  }
+
+  const seconds = (performance.now() - started) / 1000;
+  return {
+    path,
+    bytes: totalBytes,
+    nParams,
+    tensors: tensors.length,
+    arch,
+    shape,
+    quant,
+    seed,
+    hparams,
+    headerBytes: layout.header.length,
+    seconds,
+    bytesPerSecond: totalBytes / Math.max(seconds, 1e-9),
+  };
+}
