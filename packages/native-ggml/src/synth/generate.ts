@@ -154,71 +154,72 @@ function metadata(
   return kv;
 }
 
-/** Generates the bytes of one tensor piece by piece into reusable scratch memory. */
-class PieceGenerator {
-  readonly #words = new Uint32Array(PIECE_ELEMS); // >= the largest piece: f32, 4 bytes/elem
-  readonly #bytes = new Uint8Array(this.#words.buffer);
-  readonly #f32 = new Float32Array(this.#words.buffer);
-  readonly #u16 = new Uint16Array(this.#words.buffer);
-  readonly #rand = new Uint32Array(PIECE_ELEMS / 2);
-
-  /** Fills the next `elems` elements (a multiple of the block size, even) and returns their bytes. */
-  next(rng: Xorshift128, tensor: SynthTensor, elems: number): Uint8Array {
-    switch (tensor.type) {
-      case GgmlType.F32: {
-        const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : NORMAL_F32;
-        const rand = this.#rand;
-        const out = this.#f32;
-        const n = elems >>> 1;
-        rng.fill(rand, n);
-        for (let i = 0; i < n; i++) {
-          const r = rand[i]!;
-          out[2 * i] = table[r & 0xffff]!;
-          out[2 * i + 1] = table[r >>> 16]!;
-        }
-        return this.#bytes.subarray(0, elems * 4);
+/**
+ * Generates the next `elems` elements of a tensor (a multiple of its block size, and even) straight
+ * into `out` at `offset` (4-byte aligned), returning their byte count. Quantized pieces may write
+ * up to 3 bytes of scratch past that count, which the next piece or the padding overwrites.
+ */
+function fillPiece(
+  rng: Xorshift128,
+  tensor: SynthTensor,
+  elems: number,
+  rand: Uint32Array,
+  out: ArrayBuffer,
+  offset: number,
+): number {
+  switch (tensor.type) {
+    case GgmlType.F32: {
+      const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : NORMAL_F32;
+      const dst = new Float32Array(out, offset, elems);
+      const n = elems >>> 1;
+      rng.fill(rand, n);
+      for (let i = 0; i < n; i++) {
+        const r = rand[i]!;
+        dst[2 * i] = table[r & 0xffff]!;
+        dst[2 * i + 1] = table[r >>> 16]!;
       }
-      case GgmlType.F16: {
-        const rand = this.#rand;
-        const out = this.#u16;
-        const n = elems >>> 1;
-        rng.fill(rand, n);
-        for (let i = 0; i < n; i++) {
-          const r = rand[i]!;
-          out[2 * i] = NORMAL_F16[r & 0xffff]!;
-          out[2 * i + 1] = NORMAL_F16[r >>> 16]!;
-        }
-        return this.#bytes.subarray(0, elems * 2);
-      }
-      case GgmlType.Q8_0:
-      case GgmlType.Q4_0: {
-        // Uniform random quants under a fixed, valid f16 scale magnitude. The scale's sign is a
-        // random bit (the byte it overwrites): q4_0 nibbles minus 8 span [-8, 7], whose mean of
-        // -0.5 would otherwise give every weight matrix a rank-one bias.
-        const { typeSize, blockSize } = GGML_TYPE_TRAITS[tensor.type];
-        const scale = tensor.type === GgmlType.Q8_0 ? Q8_0_SCALE_F16 : Q4_0_SCALE_F16;
-        const lo = scale & 0xff;
-        const hi = scale >>> 8;
-        const blocks = elems / blockSize;
-        const size = blocks * typeSize;
-        rng.fill(this.#words, Math.ceil(size / 4));
-        const out = this.#bytes;
-        for (let b = 0, o = 0; b < blocks; b++, o += typeSize) {
-          const sign = (out[o]! & 1) << 7;
-          out[o] = lo;
-          out[o + 1] = hi | sign;
-        }
-        return out.subarray(0, size);
-      }
+      return elems * 4;
     }
-    throw new Error(`unsupported tensor type ${tensor.type}`);
+    case GgmlType.F16: {
+      const dst = new Uint16Array(out, offset, elems);
+      const n = elems >>> 1;
+      rng.fill(rand, n);
+      for (let i = 0; i < n; i++) {
+        const r = rand[i]!;
+        dst[2 * i] = NORMAL_F16[r & 0xffff]!;
+        dst[2 * i + 1] = NORMAL_F16[r >>> 16]!;
+      }
+      return elems * 2;
+    }
+    case GgmlType.Q8_0:
+    case GgmlType.Q4_0: {
+      // Uniform random quants under a fixed, valid f16 scale magnitude. The scale's sign is a
+      // random bit (the byte it overwrites): q4_0 nibbles minus 8 span [-8, 7], whose mean of
+      // -0.5 would otherwise give every weight matrix a rank-one bias.
+      const { typeSize, blockSize } = GGML_TYPE_TRAITS[tensor.type];
+      const scale = tensor.type === GgmlType.Q8_0 ? Q8_0_SCALE_F16 : Q4_0_SCALE_F16;
+      const lo = scale & 0xff;
+      const hi = scale >>> 8;
+      const blocks = elems / blockSize;
+      const size = blocks * typeSize;
+      const words = Math.ceil(size / 4);
+      rng.fill(new Uint32Array(out, offset, words), words);
+      const dst = new Uint8Array(out, offset, size);
+      for (let b = 0, o = 0; b < blocks; b++, o += typeSize) {
+        const sign = (dst[o]! & 1) << 7;
+        dst[o] = lo;
+        dst[o + 1] = hi | sign;
+      }
+      return size;
+    }
   }
+  throw new Error(`unsupported tensor type ${tensor.type}`);
 }
 
 /** Double-buffered sequential writer: one chunk is filled while the previous one is written. */
 class ChunkWriter {
   readonly #fh: Awaited<ReturnType<typeof open>>;
-  readonly #bufs = [Buffer.allocUnsafe(CHUNK_BYTES), Buffer.allocUnsafe(CHUNK_BYTES)];
+  readonly #bufs = [new ArrayBuffer(CHUNK_BYTES), new ArrayBuffer(CHUNK_BYTES)];
   #cur = 0;
   #pos = 0;
   #fileOffset: number;
@@ -240,24 +241,33 @@ class ChunkWriter {
     if (this.#pos + n > CHUNK_BYTES) await this.flush();
   }
 
-  put(bytes: Uint8Array): void {
-    this.#bufs[this.#cur]!.set(bytes, this.#pos);
-    this.#pos += bytes.length;
+  /** The current chunk and the offset where the next bytes go. */
+  get buffer(): ArrayBuffer {
+    return this.#bufs[this.#cur]!;
+  }
+
+  get pos(): number {
+    return this.#pos;
+  }
+
+  advance(n: number): void {
+    this.#pos += n;
   }
 
   zeros(n: number): void {
-    this.#bufs[this.#cur]!.fill(0, this.#pos, this.#pos + n);
+    new Uint8Array(this.buffer, this.#pos, n).fill(0);
     this.#pos += n;
   }
 
   async flush(): Promise<void> {
     if (this.#pos === 0) return;
     if (this.#pending) await this.#pending;
-    const buf = this.#bufs[this.#cur]!;
     const length = this.#pos;
     const position = this.#fileOffset;
     this.#fileOffset += length;
-    const pending = this.#fh.write(buf, 0, length, position).then(() => this.#onFlush(position + length));
+    const pending = this.#fh
+      .write(new Uint8Array(this.buffer, 0, length), 0, length, position)
+      .then(() => this.#onFlush(position + length));
     // Marks a failed write as handled until the next flush or close awaits it and rethrows.
     pending.catch(() => undefined);
     this.#pending = pending;
@@ -310,19 +320,21 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
     const writer = new ChunkWriter(fh, layout.header.length, (bytesWritten) =>
       onProgress?.({ bytesWritten, totalBytes, tensorsDone, tensorCount: tensors.length }),
     );
-    const pieces = new PieceGenerator();
+    const rand = new Uint32Array(PIECE_ELEMS / 2);
     for (let t = 0; t < tensors.length; t++) {
       const tensor = tensors[t]!;
       const rng = new Xorshift128(seed, t);
       const total = tensorElements(tensor.dims);
+      const bytesPerPiece =
+        (PIECE_ELEMS / GGML_TYPE_TRAITS[tensor.type].blockSize) * GGML_TYPE_TRAITS[tensor.type].typeSize;
       nParams += total;
       let written = 0;
       for (let done = 0; done < total; ) {
         const elems = Math.min(PIECE_ELEMS, total - done);
-        const bytes = pieces.next(rng, tensor, elems);
-        await writer.reserve(bytes.length);
-        writer.put(bytes);
-        written += bytes.length;
+        await writer.reserve(bytesPerPiece + 4);
+        const n = fillPiece(rng, tensor, elems, rand, writer.buffer, writer.pos);
+        writer.advance(n);
+        written += n;
         done += elems;
       }
       const padding = padTo(written, GGUF_ALIGNMENT) - written;
