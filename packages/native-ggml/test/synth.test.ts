@@ -4,7 +4,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseSynthArgs, runSynthCli, type SynthProgress, writeSyntheticModel } from '../src/synth/index.js';
+import {
+  parseSynthArgs,
+  planSyntheticModel,
+  runSynthCli,
+  type SynthProgress,
+  writeSyntheticModel,
+} from '../src/synth/index.js';
 
 // An independent GGUF v3 reader: the expectations below come from the format and from llama.cpp,
 // not from the generator's own tables.
@@ -286,6 +292,14 @@ describe.each(VARIANTS)('tiny $arch $quant', ({ arch, quant }) => {
     expect(result.nParams).toBe(params);
     expect(result.tensors).toBe(g.tensors.length);
     expect(progress.at(-1)?.bytesWritten).toBe(result.bytes);
+    expect(planSyntheticModel({ arch, shape: 'tiny', quant })).toEqual({
+      bytes: result.bytes,
+      headerBytes: g.dataStart,
+      nParams: params,
+      tensors: g.tensors.length,
+      hparams: result.hparams,
+    });
+    expect(g.kv.get('hydra.synth.seed')).toBe(1234);
   });
 
   it('holds finite weights of sd about 0.02, norm gains about 1 and valid block scales', () => {

@@ -83,7 +83,7 @@ function badArgument(key: string, message: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_ARGUMENT', message, { keys: [key] });
 }
 
-function validate(options: SynthModelOptions): void {
+function validateModel(options: Pick<SynthModelOptions, 'arch' | 'shape' | 'quant'>): void {
   if (typeof options !== 'object' || options === null) {
     throw badArgument('options', 'options must be an object');
   }
@@ -96,6 +96,10 @@ function validate(options: SynthModelOptions): void {
   if (!(SYNTH_QUANTS as readonly string[]).includes(options.quant)) {
     throw badArgument('quant', `options.quant must be one of ${SYNTH_QUANTS.join(', ')}`);
   }
+}
+
+function validate(options: SynthModelOptions): void {
+  validateModel(options);
   if (!Number.isInteger(options.seed) || options.seed < 0 || options.seed > 0xffffffff) {
     throw badArgument('seed', 'options.seed must be an integer in [0, 4294967295]');
   }
@@ -119,7 +123,9 @@ function metadata(
     ['general.architecture', { type: 'str', value: 'llama' }],
     ['general.type', { type: 'str', value: 'model' }],
     ['general.name', { type: 'str', value: `hydra-synth-${arch}-${shape}-${quant}` }],
-    ['general.description', { type: 'str', value: `synthetic random weights, seed ${seed}` }],
+    ['general.description', { type: 'str', value: 'synthetic random weights (hydra-engine synth-model)' }],
+    // A fixed-width value: the header, and so every offset, does not depend on the seed.
+    ['hydra.synth.seed', { type: 'u32', value: seed }],
     ['general.file_type', { type: 'u32', value: FILE_TYPE[quant] }],
     ['general.quantization_version', { type: 'u32', value: 2 }],
     ['general.alignment', { type: 'u32', value: GGUF_ALIGNMENT }],
@@ -280,6 +286,32 @@ class ChunkWriter {
     if (this.#pending) await this.#pending;
     this.#pending = null;
   }
+}
+
+/** The size of a synthetic model, known before writing it. */
+export interface SynthModelPlan {
+  bytes: number;
+  headerBytes: number;
+  nParams: number;
+  tensors: number;
+  hparams: SynthHparams;
+}
+
+/** Computes the file size and parameter count {@link writeSyntheticModel} would produce. */
+export function planSyntheticModel(
+  options: Pick<SynthModelOptions, 'arch' | 'shape' | 'quant'>,
+): SynthModelPlan {
+  validateModel(options);
+  const hparams = synthHparams(options.arch, options.shape);
+  const tensors = synthTensors(hparams, options.quant);
+  const layout = encodeGgufHeader(metadata(options.arch, options.shape, options.quant, 0, hparams), tensors);
+  return {
+    bytes: layout.header.length + layout.dataBytes,
+    headerBytes: layout.header.length,
+    nParams: tensors.reduce((n, t) => n + tensorElements(t.dims), 0),
+    tensors: tensors.length,
+    hparams,
+  };
 }
 
 /**

@@ -4,7 +4,9 @@
  */
 export { parseSynthArgs, runSynthCli, SYNTH_USAGE, type SynthArgs, type SynthCliIo } from './cli.js';
 export {
+  planSyntheticModel,
   type SynthModelOptions,
+  type SynthModelPlan,
   type SynthModelResult,
   type SynthProgress,
   writeSyntheticModel,
