@@ -1,7 +1,21 @@
 import { HydraError } from '@hydra-engine/errors';
 
 /** Every code this package throws; each must be documented in README.md (a test checks). */
-export const ERROR_CODES = ['HYDRA_ERR_INTERNAL'] as const;
+export const ERROR_CODES = [
+  'HYDRA_ERR_NATIVE_MISSING',
+  'HYDRA_ERR_LOAD_FAILED',
+  'HYDRA_ERR_LOAD_CANCELLED',
+  'HYDRA_ERR_BAD_ARGUMENT',
+  'HYDRA_ERR_BAD_OVERRIDE',
+  'HYDRA_ERR_DISPOSED',
+  'HYDRA_ERR_CONTEXT_FAILED',
+  'HYDRA_ERR_DECODE_FAILED',
+  'HYDRA_ERR_STATE_FAILED',
+  'HYDRA_ERR_PEER_UNREACHABLE',
+  'HYDRA_ERR_NO_DEVICE',
+  'HYDRA_ERR_SERVE_FAILED',
+  'HYDRA_ERR_INTERNAL',
+] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 export { HydraError };

@@ -1,1 +1,409 @@
-export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';
+import { connect } from 'node:net';
+import { HydraError, isHydraError } from '@hydra-engine/errors';
+import {
+  type ContextHandle,
+  type ModelHandle,
+  type NativeBinding,
+  type NativeContextParams,
+  type NativeDevice,
+  type NativeModelInfo,
+  type NativeModelParams,
+  type NativeSamplerParams,
+  type NativeServeSummary,
+  type SamplerHandle,
+  addonCandidates,
+  loadBinding,
+} from './binding.js';
+
+export { ERROR_CODES, type ErrorCode } from './errors.js';
+export { addonCandidates };
+export type {
+  NativeContextParams as ContextParams,
+  NativeDevice as Device,
+  NativeModelInfo as ModelInfo,
+  NativeSamplerParams as SamplerParams,
+  NativeServeSummary as ServeSummary,
+};
+
+/** The GGML log levels accepted by {@link initBackend}. */
+export const LogLevel = { debug: 1, info: 2, warn: 3, error: 4 } as const;
+
+let initialised: ReturnType<NativeBinding['backendInit']> | undefined;
+
+function native(): NativeBinding {
+  const { binding } = loadBinding();
+  if (!initialised) initialised = binding.backendInit(LogLevel.error);
+  return binding;
+}
+
+/** Converts an error thrown by the addon (an Error with a string `code`) into a HydraError. */
+function rethrow(err: unknown): never {
+  if (err instanceof HydraError) throw err;
+  if (isHydraError(err)) throw new HydraError(err.code, err.message, { cause: err });
+  throw new HydraError('HYDRA_ERR_INTERNAL', (err as Error)?.message ?? String(err), { cause: err });
+}
+
+function call<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (err) {
+    rethrow(err);
+  }
+}
+
+async function callAsync<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    rethrow(err);
+  }
+}
+
+/**
+ * Loads the addon and initialises the llama.cpp backend once per thread.
+ * @returns facts about the build (system info, GPU offload support, path of the addon).
+ */
+export function initBackend(options: { logLevel?: keyof typeof LogLevel } = {}): {
+  systemInfo: string;
+  supportsGpuOffload: boolean;
+  addonPath: string;
+} {
+  const { binding, path } = loadBinding();
+  initialised = binding.backendInit(LogLevel[options.logLevel ?? 'error']);
+  return { systemInfo: initialised.systemInfo, supportsGpuOffload: initialised.supportsGpuOffload, addonPath: path };
+}
+
+/** Every device the backend sees, local and registered ggml-RPC ones, with memory in bytes. */
+export function listDevices(): NativeDevice[] {
+  return call(() => native().devicesList());
+}
+
+const RPC_CMD_HELLO = 14;
+const HELLO_REQ_SIZE = 24;
+const HELLO_RSP_SIZE = 28;
+
+/**
+ * Checks that `endpoint` answers a ggml-RPC HELLO of a compatible version. Upstream's client aborts
+ * the whole process when it cannot reach a server, so every peer is probed before it is used.
+ */
+export function probeRpcServer(
+  endpoint: string,
+  timeoutMs = 3000,
+): Promise<{ major: number; minor: number; patch: number }> {
+  const match = /^(.+):(\d+)$/.exec(endpoint);
+  if (!match) {
+    return Promise.reject(new HydraError('HYDRA_ERR_BAD_ARGUMENT', `endpoint must be host:port, got ${endpoint}`));
+  }
+  const host = match[1]!.replace(/^\[|\]$/g, '');
+  const port = Number(match[2]);
+  return new Promise((resolve, reject) => {
+    const socket = connect({ host, port });
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const fail = (why: string) => {
+      socket.destroy();
+      reject(new HydraError('HYDRA_ERR_PEER_UNREACHABLE', `ggml-RPC peer ${endpoint}: ${why}`, { keys: [endpoint] }));
+    };
+    socket.setTimeout(timeoutMs, () => fail(`no answer within ${timeoutMs} ms`));
+    socket.on('error', (err) => fail(err.message));
+    socket.on('connect', () => {
+      const req = Buffer.alloc(1 + 8 + HELLO_REQ_SIZE);
+      req.writeUInt8(RPC_CMD_HELLO, 0);
+      req.writeBigUInt64LE(BigInt(HELLO_REQ_SIZE), 1);
+      socket.write(req);
+    });
+    socket.on('data', (chunk) => {
+      chunks.push(chunk);
+      size += chunk.length;
+      if (size < 8 + HELLO_RSP_SIZE) return;
+      const rsp = Buffer.concat(chunks);
+      socket.destroy();
+      if (rsp.readBigUInt64LE(0) !== BigInt(HELLO_RSP_SIZE)) {
+        fail('not a ggml-RPC server of protocol 6 (HELLO reply size differs)');
+        return;
+      }
+      const version = { major: rsp[8]!, minor: rsp[9]!, patch: rsp[10]! };
+      if (version.major !== 6) {
+        fail(`speaks ggml-RPC ${version.major}.${version.minor}.${version.patch}, this build speaks 6.x`);
+        return;
+      }
+      resolve(version);
+    });
+    socket.on('end', () => {
+      if (size < 8 + HELLO_RSP_SIZE) fail('closed the connection during HELLO');
+    });
+  });
+}
+
+/**
+ * Registers the devices of a ggml-RPC server (`host:port`) after a HELLO probe, so models can
+ * place layers on them (device names `RPC0`, `RPC1`, ...). Registering the same endpoint again
+ * returns the same devices.
+ */
+export async function addRpcServer(endpoint: string, options: { timeoutMs?: number } = {}): Promise<NativeDevice[]> {
+  await probeRpcServer(endpoint, options.timeoutMs);
+  return callAsync(() => native().rpcServerAdd(endpoint));
+}
+
+/** Parses `<regex>=<buffer type>` (llama.cpp `-ot`) into its parts. */
+export function parseOverride(spec: string): { pattern: string; bufferType: string } {
+  const at = spec.lastIndexOf('=');
+  if (at <= 0 || at === spec.length - 1) {
+    throw new HydraError('HYDRA_ERR_BAD_OVERRIDE', `override must be "<regex>=<buffer type>", got ${JSON.stringify(spec)}`, {
+      keys: [spec],
+    });
+  }
+  return { pattern: spec.slice(0, at), bufferType: spec.slice(at + 1) };
+}
+
+/** Parameters of {@link Model.load}: the load-time (T3) llama.cpp parameters. */
+export interface ModelLoadParams extends Omit<NativeModelParams, 'overrides'> {
+  /** llama.cpp `-ot` strings, `<regex>=<buffer type>`. */
+  overrides?: string[];
+}
+
+export interface ModelLoadOptions {
+  /** Called with 0..1 as the load progresses (at most once per percent). */
+  onProgress?: (progress: number) => void;
+  /** Aborting cancels the load (`HYDRA_ERR_LOAD_CANCELLED`). */
+  signal?: AbortSignal;
+}
+
+/** A loaded model. Dispose it explicitly; contexts must be disposed first. */
+export class Model {
+  readonly #binding: NativeBinding;
+  #handle: ModelHandle | undefined;
+  readonly info: NativeModelInfo;
+  readonly path: string;
+  readonly #contexts = new Set<Context>();
+
+  private constructor(binding: NativeBinding, handle: ModelHandle, path: string) {
+    this.#binding = binding;
+    this.#handle = handle;
+    this.path = path;
+    this.info = binding.modelInfo(handle);
+  }
+
+  /** Loads a GGUF model off the JS thread. */
+  static async load(params: ModelLoadParams, options: ModelLoadOptions = {}): Promise<Model> {
+    const binding = native();
+    const overrides = (params.overrides ?? []).map(parseOverride);
+    if (options.signal?.aborted) throw new HydraError('HYDRA_ERR_LOAD_CANCELLED', 'model load aborted before start');
+    const { promise, cancel } = call(() => binding.modelLoad({ ...params, overrides }, options.onProgress));
+    const onAbort = () => cancel();
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      const handle = await callAsync(() => promise);
+      return new Model(binding, handle, params.path);
+    } finally {
+      options.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  get disposed(): boolean {
+    return this.#handle === undefined;
+  }
+
+  #h(): ModelHandle {
+    if (!this.#handle) throw new HydraError('HYDRA_ERR_DISPOSED', 'model was disposed');
+    return this.#handle;
+  }
+
+  tokenize(text: string, options: { addSpecial?: boolean; parseSpecial?: boolean } = {}): Int32Array {
+    return call(() =>
+      this.#binding.tokenize(this.#h(), text, options.addSpecial ?? this.info.addBos, options.parseSpecial ?? true),
+    );
+  }
+
+  /** Raw bytes of one token (may be part of a UTF-8 sequence). */
+  tokenBytes(token: number, special = false): Buffer {
+    return call(() => this.#binding.tokenToPiece(this.#h(), token, special));
+  }
+
+  detokenize(tokens: Int32Array, options: { removeSpecial?: boolean; unparseSpecial?: boolean } = {}): string {
+    return call(() =>
+      this.#binding.detokenize(this.#h(), tokens, options.removeSpecial ?? false, options.unparseSpecial ?? false),
+    );
+  }
+
+  isEndOfGeneration(token: number): boolean {
+    return this.#binding.tokenIsEog(this.#h(), token);
+  }
+
+  /** Formats messages with the model's chat template (or `template`). */
+  applyChatTemplate(messages: { role: string; content: string }[], options: { addAssistant?: boolean; template?: string } = {}): string {
+    return call(() =>
+      this.#binding.chatApplyTemplate(this.#h(), messages, options.addAssistant ?? true, options.template),
+    );
+  }
+
+  /** Creates a context with the context-time (T2) parameters, off the JS thread. */
+  async createContext(params: NativeContextParams = {}): Promise<Context> {
+    const handle = await callAsync(() => this.#binding.contextCreate(this.#h(), params));
+    const ctx = new Context(this.#binding, handle, this, () => this.#contexts.delete(ctx));
+    this.#contexts.add(ctx);
+    return ctx;
+  }
+
+  /** A sampler chain with the per-request (T1) sampling parameters; `temp <= 0` is greedy. */
+  createSampler(params: NativeSamplerParams = {}): Sampler {
+    return new Sampler(this.#binding, call(() => this.#binding.samplerCreate(this.#h(), params)));
+  }
+
+  /** Frees the model. Throws if contexts are still alive. */
+  dispose(): void {
+    if (!this.#handle) return;
+    if (this.#contexts.size > 0) {
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `model still has ${this.#contexts.size} live context(s)`);
+    }
+    const handle = this.#handle;
+    call(() => this.#binding.modelFree(handle));
+    this.#handle = undefined;
+  }
+}
+
+/** A sampler chain for one sequence. */
+export class Sampler {
+  readonly #binding: NativeBinding;
+  #handle: SamplerHandle | undefined;
+
+  constructor(binding: NativeBinding, handle: SamplerHandle) {
+    this.#binding = binding;
+    this.#handle = handle;
+  }
+
+  /** @internal */
+  get handle(): SamplerHandle {
+    if (!this.#handle) throw new HydraError('HYDRA_ERR_DISPOSED', 'sampler was disposed');
+    return this.#handle;
+  }
+
+  /** Adds tokens to the sampler's history (prompt tokens, for repeat penalties). */
+  accept(tokens: Int32Array): void {
+    this.#binding.samplerAccept(this.handle, tokens);
+  }
+
+  dispose(): void {
+    if (!this.#handle) return;
+    this.#binding.samplerFree(this.#handle);
+    this.#handle = undefined;
+  }
+}
+
+/** One sequence's work in a {@link Context.decode} step. */
+export interface DecodeEntry {
+  seq: number;
+  /** Position of the first token. */
+  pos: number;
+  tokens: Int32Array | number[];
+  /** Sample the token after the last one with this chain. */
+  sampler?: Sampler;
+  /** Return the logits after the last token. */
+  logits?: boolean;
+}
+
+/** A llama.cpp context. Operations run one at a time, in call order, off the JS thread. */
+export class Context {
+  readonly #binding: NativeBinding;
+  #handle: ContextHandle | undefined;
+  readonly model: Model;
+  readonly #onDispose: () => void;
+  #queue: Promise<unknown> = Promise.resolve();
+  #pending = 0;
+
+  constructor(binding: NativeBinding, handle: ContextHandle, model: Model, onDispose: () => void) {
+    this.#binding = binding;
+    this.#handle = handle;
+    this.model = model;
+    this.#onDispose = onDispose;
+  }
+
+  #h(): ContextHandle {
+    if (!this.#handle) throw new HydraError('HYDRA_ERR_DISPOSED', 'context was disposed');
+    return this.#handle;
+  }
+
+  #enqueue<T>(op: () => Promise<T>): Promise<T> {
+    this.#pending += 1;
+    const run = this.#queue.then(op, op);
+    this.#queue = run.catch(() => undefined).finally(() => {
+      this.#pending -= 1;
+    });
+    return run.catch(rethrow);
+  }
+
+  get info(): { nCtx: number; nCtxSeq: number; nBatch: number; nUbatch: number; nSeqMax: number } {
+    return this.#binding.contextInfo(this.#h());
+  }
+
+  /**
+   * One decode step for every listed sequence: a single native call that evaluates all tokens
+   * (prompt chunks included, split by n_batch) and samples each sequence that has a sampler.
+   * @returns the sampled token per entry (-1 where none) and the logits where asked.
+   */
+  decode(entries: DecodeEntry[]): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }> {
+    const native = entries.map((e) => ({
+      seq: e.seq,
+      pos: e.pos,
+      tokens: e.tokens instanceof Int32Array ? e.tokens : Int32Array.from(e.tokens),
+      sampler: e.sampler ? e.sampler.handle : null,
+      logits: e.logits ?? false,
+    }));
+    return this.#enqueue(() => this.#binding.decodeStep(this.#h(), native));
+  }
+
+  /** Removes positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end). */
+  removeSequence(seq: number, p0 = -1, p1 = -1): boolean {
+    return this.#binding.memorySeqRm(this.#h(), seq, p0, p1);
+  }
+
+  copySequence(src: number, dst: number, p0 = -1, p1 = -1): void {
+    this.#binding.memorySeqCp(this.#h(), src, dst, p0, p1);
+  }
+
+  /** Largest position held for a sequence, -1 when empty. */
+  sequenceEnd(seq: number): number {
+    return this.#binding.memorySeqPosMax(this.#h(), seq);
+  }
+
+  clear(): void {
+    this.#binding.memoryClear(this.#h());
+  }
+
+  /** Serialised KV state of one sequence. */
+  getSequenceState(seq: number): Promise<Buffer> {
+    return this.#enqueue(() => this.#binding.stateSeqGet(this.#h(), seq));
+  }
+
+  /** Restores a sequence from {@link getSequenceState} output (copied before the work is queued). */
+  setSequenceState(seq: number, data: Uint8Array): Promise<number> {
+    return this.#enqueue(() => this.#binding.stateSeqSet(this.#h(), seq, data));
+  }
+
+  /** Frees the context after its queued operations finish. */
+  async dispose(): Promise<void> {
+    if (!this.#handle) return;
+    await this.#queue;
+    const handle = this.#handle;
+    this.#handle = undefined;
+    call(() => this.#binding.contextFree(handle));
+    this.#onDispose();
+  }
+}
+
+/** Resolves the first byte of a socket without consuming it; -1 on EOF or timeout. */
+export function peekFirstByte(fd: number, timeoutMs: number): Promise<number> {
+  return callAsync(() => native().peekFirstByte(fd, timeoutMs));
+}
+
+/** Duplicates a socket fd as a blocking fd with TCP_NODELAY (the caller then destroys its socket). */
+export function detachFd(fd: number): number {
+  return call(() => native().detachFd(fd));
+}
+
+export function closeFd(fd: number): void {
+  native().fdClose(fd);
+}
+
+/** Absolute path of the worker module that serves one ggml-RPC session per task (for piscina). */
+export const rpcWorkerPath: string = new URL('./rpc-worker.js', import.meta.url).pathname;

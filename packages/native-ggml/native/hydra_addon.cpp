@@ -1,0 +1,1046 @@
+// hydra_ggml: a flat binding over llama.cpp. Blocking work (load, context creation, decode, state)
+// runs in Napi::AsyncWorker with its arguments copied into plain structs first; quick lookups run
+// on the JS thread. The TypeScript wrapper (src/binding.ts) types every function by hand.
+#include "hydra_common.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml-rpc.h"
+
+#include <algorithm>
+
+#include <cmath>
+#include <cstdarg>
+#include <cstring>
+#include <memory>
+#include <regex>
+#include <thread>
+
+// ---------------------------------------------------------------------------------------------
+// errors and logging
+
+Napi::Error hydra_error_make(Napi::Env env, const char * code, const std::string & message) {
+    Napi::Error err = Napi::Error::New(env, message);
+    err.Set("code", Napi::String::New(env, code));
+    return err;
+}
+
+void hydra_error_throw(Napi::Env env, const char * code, const std::string & message) {
+    throw hydra_error_make(env, code, message);
+}
+
+// Upstream reports load failures only through the log; the last error lines of the calling thread
+// become the message of the JS error.
+static thread_local std::string g_log_errors;
+static std::atomic<int> g_log_level{GGML_LOG_LEVEL_ERROR};
+
+static void hydra_log_callback(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        if (g_log_errors.size() > 4096) {
+            g_log_errors.erase(0, g_log_errors.size() - 2048);
+        }
+        g_log_errors += text;
+    }
+    if (level == GGML_LOG_LEVEL_CONT || level >= g_log_level.load()) {
+        fputs(text, stderr);
+    }
+}
+
+static std::string log_errors_take() {
+    std::string out;
+    out.swap(g_log_errors);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) {
+        out.pop_back();
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// handles: External<T*> whose slot is cleared on explicit disposal, so a late finalizer is a no-op
+
+template <typename T>
+static Napi::Value handle_make(Napi::Env env, T * object, void (*destroy)(T *)) {
+    auto ** slot = new T *(object);
+    return Napi::External<T *>::New(env, slot, [destroy](Napi::Env, T ** s) {
+        if (*s != nullptr) {
+            destroy(*s);
+        }
+        delete s;
+    });
+}
+
+template <typename T>
+static void handle_clear(const Napi::Value & value) {
+    *value.As<Napi::External<T *>>().Data() = nullptr;
+}
+
+static void model_destroy(hydra_model * m) {
+    if (m->model) {
+        llama_model_free(m->model);
+    }
+    delete m;
+}
+
+static void context_destroy(hydra_context * c) {
+    if (c->ctx) {
+        llama_batch_free(c->batch);
+        llama_free(c->ctx);
+        c->owner->n_contexts--;
+    }
+    delete c;
+}
+
+static void sampler_destroy(hydra_sampler * s) {
+    if (s->chain) {
+        llama_sampler_free(s->chain);
+    }
+    delete s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// small argument readers
+
+static std::string arg_string(const Napi::Object & o, const char * key, const std::string & dflt = "") {
+    Napi::Value v = o.Get(key);
+    return v.IsString() ? v.As<Napi::String>().Utf8Value() : dflt;
+}
+
+static double arg_number(const Napi::Object & o, const char * key, double dflt) {
+    Napi::Value v = o.Get(key);
+    return v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : dflt;
+}
+
+static bool arg_bool(const Napi::Object & o, const char * key, bool dflt) {
+    Napi::Value v = o.Get(key);
+    return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
+}
+
+static std::vector<std::string> arg_strings(const Napi::Object & o, const char * key) {
+    std::vector<std::string> out;
+    Napi::Value v = o.Get(key);
+    if (v.IsArray()) {
+        Napi::Array a = v.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            out.push_back(a.Get(i).ToString().Utf8Value());
+        }
+    }
+    return out;
+}
+
+static const char * dev_type_name(enum ggml_backend_dev_type t) {
+    switch (t) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU:   return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU:   return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU:  return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default:                             return "unknown";
+    }
+}
+
+Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev) {  // shared with hydra_rpc_serve.cpp
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    Napi::Object d = Napi::Object::New(env);
+    d.Set("name", ggml_backend_dev_name(dev));
+    d.Set("description", ggml_backend_dev_description(dev));
+    d.Set("type", dev_type_name(ggml_backend_dev_type(dev)));
+    d.Set("free", Napi::Number::New(env, (double) free));
+    d.Set("total", Napi::Number::New(env, (double) total));
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    d.Set("bufferType", buft ? ggml_backend_buft_name(buft) : "");
+    return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// process setup and devices
+
+static Napi::Value backend_init(const Napi::CallbackInfo & info) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(hydra_log_callback, nullptr);
+        llama_backend_init();
+        ggml_backend_load_all();
+    });
+    if (info.Length() > 0 && info[0].IsNumber()) {
+        g_log_level = info[0].As<Napi::Number>().Int32Value();
+    }
+    Napi::Object out = Napi::Object::New(info.Env());
+    out.Set("systemInfo", llama_print_system_info());
+    out.Set("rpcProtoMajor", 6);
+    out.Set("supportsGpuOffload", llama_supports_gpu_offload());
+    out.Set("supportsMmap", llama_supports_mmap());
+    out.Set("maxDevices", Napi::Number::New(info.Env(), (double) llama_max_devices()));
+    return out;
+}
+
+static Napi::Value devices_list(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    Napi::Array out = Napi::Array::New(env);
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        out.Set((uint32_t) i, device_describe(env, ggml_backend_dev_get(i)));
+    }
+    return out;
+}
+
+// Registers the devices of a ggml-RPC server. The caller (the TS wrapper) has already completed a
+// HELLO probe: upstream aborts the whole process when a server it connects to is unreachable.
+class rpc_add_worker : public Napi::AsyncWorker {
+public:
+    rpc_add_worker(Napi::Env env, std::string endpoint)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), endpoint(std::move(endpoint)) {}
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        static std::mutex mutex;
+        static std::vector<std::string> registered;
+        std::lock_guard<std::mutex> lock(mutex);
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
+        if (reg == nullptr) {
+            SetError("ggml-RPC server " + endpoint + " reports no devices");
+            return;
+        }
+        if (std::find(registered.begin(), registered.end(), endpoint) == registered.end()) {
+            ggml_backend_register(reg);
+            registered.push_back(endpoint);
+        }
+        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); i++) {
+            devices.push_back(ggml_backend_reg_dev_get(reg, i));
+        }
+    }
+    void OnOK() override {
+        Napi::Array out = Napi::Array::New(Env());
+        for (size_t i = 0; i < devices.size(); i++) {
+            out.Set((uint32_t) i, device_describe(Env(), devices[i]));
+        }
+        deferred.Resolve(out);
+    }
+    void OnError(const Napi::Error & e) override {
+        deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_PEER_UNREACHABLE, e.Message()).Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    std::string endpoint;
+    std::vector<ggml_backend_dev_t> devices;
+};
+
+static Napi::Value rpc_server_add(const Napi::CallbackInfo & info) {
+    auto * w = new rpc_add_worker(info.Env(), info[0].ToString().Utf8Value());
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// model load
+
+struct model_load_args {
+    std::string path;
+    int32_t n_gpu_layers = -1;
+    llama_split_mode split_mode = LLAMA_SPLIT_MODE_LAYER;
+    int32_t main_gpu = 0;
+    std::vector<float> tensor_split;
+    std::vector<ggml_backend_dev_t> devices;  // NULL-terminated when used
+    std::vector<std::string> override_patterns;
+    std::vector<llama_model_tensor_buft_override> overrides;  // NULL-terminated when used
+    std::vector<llama_model_kv_override> kv_overrides;          // empty-key-terminated when used
+    bool use_mmap = true;
+    bool use_mlock = false;
+    bool check_tensors = false;
+};
+
+struct load_progress_state {
+    std::atomic<bool> cancelled{false};
+    Napi::ThreadSafeFunction tsfn;
+    bool has_tsfn = false;
+    int last_percent = -1;
+};
+
+static bool model_load_progress(float progress, void * user_data) {
+    auto * st = (load_progress_state *) user_data;
+    int percent = (int) std::floor(progress * 100.0f);
+    if (st->has_tsfn && percent != st->last_percent) {
+        st->last_percent = percent;
+        auto * value = new float(progress);
+        st->tsfn.NonBlockingCall(value, [](Napi::Env env, Napi::Function cb, float * v) {
+            cb.Call({Napi::Number::New(env, *v)});
+            delete v;
+        });
+    }
+    return !st->cancelled.load();
+}
+
+class model_load_worker : public Napi::AsyncWorker {
+public:
+    model_load_worker(Napi::Env env, std::unique_ptr<model_load_args> args, std::shared_ptr<load_progress_state> st)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), args(std::move(args)), st(std::move(st)) {}
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        llama_model_params mp = llama_model_default_params();
+        mp.n_gpu_layers = args->n_gpu_layers;
+        mp.split_mode = args->split_mode;
+        mp.main_gpu = args->main_gpu;
+        if (!args->tensor_split.empty()) {
+            args->tensor_split.resize(llama_max_devices(), 0.0f);
+            mp.tensor_split = args->tensor_split.data();
+        }
+        if (!args->devices.empty()) {
+            args->devices.push_back(nullptr);
+            mp.devices = args->devices.data();
+        }
+        if (!args->overrides.empty()) {
+            args->overrides.push_back({nullptr, nullptr});
+            mp.tensor_buft_overrides = args->overrides.data();
+        }
+        if (!args->kv_overrides.empty()) {
+            args->kv_overrides.emplace_back();
+            args->kv_overrides.back().key[0] = 0;
+            mp.kv_overrides = args->kv_overrides.data();
+        }
+        mp.load_mode = args->use_mmap ? (args->use_mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MMAP)
+                                      : (args->use_mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
+        mp.check_tensors = args->check_tensors;
+        mp.progress_callback = model_load_progress;
+        mp.progress_callback_user_data = st.get();
+        log_errors_take();
+        model = llama_model_load_from_file(args->path.c_str(), mp);
+        if (model == nullptr) {
+            std::string why = log_errors_take();
+            SetError(why.empty() ? "failed to load model " + args->path : why);
+        }
+    }
+    void OnOK() override {
+        release();
+        auto * m = new hydra_model();
+        m->model = model;
+        deferred.Resolve(handle_make<hydra_model>(Env(), m, model_destroy));
+    }
+    void OnError(const Napi::Error & e) override {
+        release();
+        const char * code = st->cancelled.load() ? HYDRA_ERR_LOAD_CANCELLED : HYDRA_ERR_LOAD_FAILED;
+        deferred.Reject(hydra_error_make(Env(), code, e.Message()).Value());
+    }
+
+private:
+    void release() {
+        if (st->has_tsfn) {
+            st->tsfn.Release();
+            st->has_tsfn = false;
+        }
+    }
+    Napi::Promise::Deferred deferred;
+    std::unique_ptr<model_load_args> args;
+    std::shared_ptr<load_progress_state> st;
+    llama_model * model = nullptr;
+};
+
+static ggml_backend_buffer_type_t buft_by_name(const std::string & name, std::string & known) {
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        if (buft == nullptr) {
+            continue;
+        }
+        // Accept both the buffer type name ("CUDA0", "RPC0[host:port]") and the device name.
+        if (name == ggml_backend_buft_name(buft) || name == ggml_backend_dev_name(dev)) {
+            return buft;
+        }
+        known += known.empty() ? "" : ", ";
+        known += ggml_backend_dev_name(dev);
+    }
+    return nullptr;
+}
+
+// modelLoad(params, onProgress?) -> {promise, cancel}
+static Napi::Value model_load(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "modelLoad(params) needs a params object");
+    }
+    Napi::Object p = info[0].As<Napi::Object>();
+    auto args = std::make_unique<model_load_args>();
+    args->path = arg_string(p, "path");
+    if (args->path.empty()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.path must be a non-empty string");
+    }
+    args->n_gpu_layers = (int32_t) arg_number(p, "nGpuLayers", -1);
+    std::string split = arg_string(p, "splitMode", "layer");
+    if (split == "none") args->split_mode = LLAMA_SPLIT_MODE_NONE;
+    else if (split == "layer") args->split_mode = LLAMA_SPLIT_MODE_LAYER;
+    else if (split == "row") args->split_mode = LLAMA_SPLIT_MODE_ROW;
+    else hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.splitMode must be none, layer or row");
+    args->main_gpu = (int32_t) arg_number(p, "mainGpu", 0);
+    Napi::Value ts = p.Get("tensorSplit");
+    if (ts.IsArray()) {
+        Napi::Array a = ts.As<Napi::Array>();
+        if (a.Length() > llama_max_devices()) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.tensorSplit has more entries than devices allowed");
+        }
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            args->tensor_split.push_back((float) a.Get(i).ToNumber().DoubleValue());
+        }
+    }
+    for (const std::string & name : arg_strings(p, "devices")) {
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+        if (dev == nullptr) {
+            hydra_error_throw(env, HYDRA_ERR_NO_DEVICE, "no device named " + name);
+        }
+        args->devices.push_back(dev);
+    }
+    Napi::Value ov = p.Get("overrides");
+    if (ov.IsArray()) {
+        Napi::Array a = ov.As<Napi::Array>();
+        args->override_patterns.reserve(a.Length());  // c_str() pointers must stay valid
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            Napi::Object o = a.Get(i).As<Napi::Object>();
+            std::string pattern = arg_string(o, "pattern");
+            std::string buft_name = arg_string(o, "bufferType");
+            try {
+                std::regex check(pattern);
+            } catch (const std::regex_error & e) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_OVERRIDE, "override pattern '" + pattern + "' is not a valid regex: " + e.what());
+            }
+            std::string known;
+            ggml_backend_buffer_type_t buft = buft_by_name(buft_name, known);
+            if (buft == nullptr) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_OVERRIDE, "unknown buffer type '" + buft_name + "' (devices: " + known + ")");
+            }
+            args->override_patterns.push_back(pattern);
+            args->overrides.push_back({args->override_patterns.back().c_str(), buft});
+        }
+    }
+    Napi::Value kvo = p.Get("kvOverrides");
+    if (kvo.IsArray()) {
+        Napi::Array a = kvo.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            Napi::Object o = a.Get(i).As<Napi::Object>();
+            llama_model_kv_override kv = {};
+            std::string key = arg_string(o, "key");
+            std::string type = arg_string(o, "type");
+            if (key.empty() || key.size() >= sizeof(kv.key)) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "kv override key must be 1..127 bytes");
+            }
+            strncpy(kv.key, key.c_str(), sizeof(kv.key) - 1);
+            if (type == "int") { kv.tag = LLAMA_KV_OVERRIDE_TYPE_INT; kv.val_i64 = (int64_t) arg_number(o, "value", 0); }
+            else if (type == "float") { kv.tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT; kv.val_f64 = arg_number(o, "value", 0); }
+            else if (type == "bool") { kv.tag = LLAMA_KV_OVERRIDE_TYPE_BOOL; kv.val_bool = arg_bool(o, "value", false); }
+            else if (type == "str") {
+                std::string s = arg_string(o, "value");
+                if (s.size() >= sizeof(kv.val_str)) hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "kv override string too long");
+                kv.tag = LLAMA_KV_OVERRIDE_TYPE_STR;
+                strncpy(kv.val_str, s.c_str(), sizeof(kv.val_str) - 1);
+            } else {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "kv override type must be int, float, bool or str");
+            }
+            args->kv_overrides.push_back(kv);
+        }
+    }
+    args->use_mmap = arg_bool(p, "useMmap", true);
+    args->use_mlock = arg_bool(p, "useMlock", false);
+    args->check_tensors = arg_bool(p, "checkTensors", false);
+
+    auto st = std::make_shared<load_progress_state>();
+    if (info.Length() > 1 && info[1].IsFunction()) {
+        st->tsfn = Napi::ThreadSafeFunction::New(env, info[1].As<Napi::Function>(), "hydra_model_load_progress", 0, 1);
+        st->has_tsfn = true;
+    }
+    auto * w = new model_load_worker(env, std::move(args), st);
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("promise", w->promise());
+    out.Set("cancel", Napi::Function::New(env, [st](const Napi::CallbackInfo &) { st->cancelled = true; }));
+    w->Queue();
+    return out;
+}
+
+static std::string model_meta(const llama_model * model, const std::string & key) {
+    char buf[512];
+    int32_t n = llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf));
+    return n < 0 ? std::string() : std::string(buf);
+}
+
+static Napi::Value model_info(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    const llama_model * model = m->model;
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    Napi::Object out = Napi::Object::New(env);
+    std::string arch = model_meta(model, "general.architecture");
+    char desc[256];
+    llama_model_desc(model, desc, sizeof(desc));
+    out.Set("arch", arch);
+    out.Set("description", desc);
+    out.Set("name", model_meta(model, "general.name"));
+    out.Set("nLayer", llama_model_n_layer(model));
+    out.Set("nEmbd", llama_model_n_embd(model));
+    out.Set("nHead", llama_model_n_head(model));
+    out.Set("nHeadKv", llama_model_n_head_kv(model));
+    out.Set("nCtxTrain", llama_model_n_ctx_train(model));
+    out.Set("nVocab", llama_vocab_n_tokens(vocab));
+    out.Set("nParams", Napi::Number::New(env, (double) llama_model_n_params(model)));
+    out.Set("size", Napi::Number::New(env, (double) llama_model_size(model)));
+    std::string experts = model_meta(model, arch + ".expert_count");
+    out.Set("nExpert", experts.empty() ? 0 : std::stoi(experts));
+    const char * tmpl = llama_model_chat_template(model, nullptr);
+    out.Set("chatTemplate", tmpl ? Napi::Value(Napi::String::New(env, tmpl)) : env.Null());
+    out.Set("bos", llama_vocab_bos(vocab));
+    out.Set("eos", llama_vocab_eos(vocab));
+    out.Set("addBos", llama_vocab_get_add_bos(vocab));
+    return out;
+}
+
+static Napi::Value model_free(const Napi::CallbackInfo & info) {
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    if (m->n_contexts > 0) {
+        hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "model still has live contexts; free them first");
+    }
+    handle_clear<hydra_model>(info[0]);
+    model_destroy(m);
+    return info.Env().Undefined();
+}
+
+// Is the token an end-of-generation token (eos, eot, ...)?
+static Napi::Value token_is_eog(const Napi::CallbackInfo & info) {
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    return Napi::Boolean::New(info.Env(), llama_vocab_is_eog(llama_model_get_vocab(m->model), info[1].ToNumber().Int32Value()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokens and chat templates (fast: on the JS thread)
+
+static Napi::Value tokenize(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    std::string text = info[1].ToString().Utf8Value();
+    bool add_special = info.Length() > 2 && info[2].ToBoolean().Value();
+    bool parse_special = info.Length() > 3 && info[3].ToBoolean().Value();
+    const llama_vocab * vocab = llama_model_get_vocab(m->model);
+    int32_t cap = (int32_t) text.size() + 8;
+    std::vector<llama_token> tokens(cap);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), cap, add_special, parse_special);
+    if (n < 0) {
+        tokens.resize(-n);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), -n, add_special, parse_special);
+    }
+    if (n < 0) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "tokenization failed");
+    }
+    Napi::Int32Array out = Napi::Int32Array::New(env, n);
+    memcpy(out.Data(), tokens.data(), sizeof(llama_token) * n);
+    return out;
+}
+
+// Raw bytes of one token: a piece may be part of a UTF-8 sequence, JS decodes the stream.
+static Napi::Value token_to_piece(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    llama_token token = info[1].ToNumber().Int32Value();
+    bool special = info.Length() > 2 && info[2].ToBoolean().Value();
+    const llama_vocab * vocab = llama_model_get_vocab(m->model);
+    if (token < 0 || token >= llama_vocab_n_tokens(vocab)) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "token id out of range");
+    }
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, special);
+    if (n < 0) {
+        std::vector<char> big(-n);
+        n = llama_token_to_piece(vocab, token, big.data(), (int32_t) big.size(), 0, special);
+        return Napi::Buffer<char>::Copy(env, big.data(), std::max(n, 0));
+    }
+    return Napi::Buffer<char>::Copy(env, buf, n);
+}
+
+static Napi::Value detokenize(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    Napi::Int32Array tokens = info[1].As<Napi::Int32Array>();
+    bool remove_special = info.Length() > 2 && info[2].ToBoolean().Value();
+    bool unparse_special = info.Length() > 3 && info[3].ToBoolean().Value();
+    const llama_vocab * vocab = llama_model_get_vocab(m->model);
+    std::vector<char> text(tokens.ElementLength() * 8 + 16);
+    int32_t n = llama_detokenize(vocab, tokens.Data(), (int32_t) tokens.ElementLength(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+    if (n < 0) {
+        text.resize(-n);
+        n = llama_detokenize(vocab, tokens.Data(), (int32_t) tokens.ElementLength(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+    }
+    return Napi::String::New(env, text.data(), std::max(n, 0));
+}
+
+static Napi::Value chat_apply_template(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    Napi::Array messages = info[1].As<Napi::Array>();
+    bool add_assistant = info.Length() > 2 && info[2].ToBoolean().Value();
+    std::string tmpl_override = info.Length() > 3 && info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "";
+    const char * tmpl = tmpl_override.empty() ? llama_model_chat_template(m->model, nullptr) : tmpl_override.c_str();
+    std::vector<std::string> roles, contents;
+    size_t total = 0;
+    for (uint32_t i = 0; i < messages.Length(); i++) {
+        Napi::Object msg = messages.Get(i).As<Napi::Object>();
+        roles.push_back(arg_string(msg, "role"));
+        contents.push_back(arg_string(msg, "content"));
+        total += roles.back().size() + contents.back().size();
+    }
+    std::vector<llama_chat_message> chat;
+    for (size_t i = 0; i < roles.size(); i++) {
+        chat.push_back({roles[i].c_str(), contents[i].c_str()});
+    }
+    std::vector<char> buf(total * 2 + 256);
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    if (n > (int32_t) buf.size()) {
+        buf.resize(n);
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    }
+    if (n < 0) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "the model's chat template is not supported by llama_chat_apply_template");
+    }
+    return Napi::String::New(env, buf.data(), n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// context
+
+struct context_args {
+    llama_context_params cp;
+};
+
+static enum ggml_type kv_type_from_name(Napi::Env env, const std::string & name) {
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        const char * n = ggml_type_name((enum ggml_type) t);
+        if (n != nullptr && name == n) {
+            return (enum ggml_type) t;
+        }
+    }
+    hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "unknown KV cache type '" + name + "'");
+}
+
+class context_create_worker : public Napi::AsyncWorker {
+public:
+    context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp) {
+        model_ref = Napi::Persistent(model_handle);
+    }
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        log_errors_take();
+        ctx = llama_init_from_model(m->model, cp);
+        if (ctx == nullptr) {
+            std::string why = log_errors_take();
+            SetError(why.empty() ? "failed to create the context" : why);
+        }
+    }
+    void OnOK() override {
+        auto * c = new hydra_context();
+        c->ctx = ctx;
+        c->owner = m;
+        c->n_batch = (int32_t) llama_n_batch(ctx);
+        c->batch = llama_batch_init(c->n_batch, 0, 1);
+        m->n_contexts++;
+        deferred.Resolve(handle_make<hydra_context>(Env(), c, context_destroy));
+    }
+    void OnError(const Napi::Error & e) override {
+        deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_CONTEXT_FAILED, e.Message()).Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    hydra_model * m;
+    Napi::Reference<Napi::Value> model_ref;  // keeps the model alive while the context is built
+    llama_context_params cp;
+    llama_context * ctx = nullptr;
+};
+
+static Napi::Value context_create(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    Napi::Object p = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) arg_number(p, "nCtx", cp.n_ctx);
+    cp.n_batch = (uint32_t) arg_number(p, "nBatch", cp.n_batch);
+    cp.n_ubatch = (uint32_t) arg_number(p, "nUbatch", cp.n_ubatch);
+    cp.n_seq_max = (uint32_t) arg_number(p, "nSeqMax", 1);
+    int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    cp.n_threads = (int32_t) arg_number(p, "nThreads", hw);
+    cp.n_threads_batch = (int32_t) arg_number(p, "nThreadsBatch", cp.n_threads);
+    std::string fa = arg_string(p, "flashAttn", "auto");
+    cp.flash_attn_type = fa == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
+    cp.type_k = kv_type_from_name(env, arg_string(p, "typeK", "f16"));
+    cp.type_v = kv_type_from_name(env, arg_string(p, "typeV", "f16"));
+    cp.rope_freq_base = (float) arg_number(p, "ropeFreqBase", cp.rope_freq_base);
+    cp.rope_freq_scale = (float) arg_number(p, "ropeFreqScale", cp.rope_freq_scale);
+    std::string rs = arg_string(p, "ropeScalingType", "");
+    if (rs == "none") cp.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_NONE;
+    else if (rs == "linear") cp.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_LINEAR;
+    else if (rs == "yarn") cp.rope_scaling_type = LLAMA_ROPE_SCALING_TYPE_YARN;
+    cp.yarn_ext_factor = (float) arg_number(p, "yarnExtFactor", cp.yarn_ext_factor);
+    cp.yarn_attn_factor = (float) arg_number(p, "yarnAttnFactor", cp.yarn_attn_factor);
+    cp.yarn_beta_fast = (float) arg_number(p, "yarnBetaFast", cp.yarn_beta_fast);
+    cp.yarn_beta_slow = (float) arg_number(p, "yarnBetaSlow", cp.yarn_beta_slow);
+    cp.yarn_orig_ctx = (uint32_t) arg_number(p, "yarnOrigCtx", cp.yarn_orig_ctx);
+    cp.offload_kqv = arg_bool(p, "offloadKqv", cp.offload_kqv);
+    cp.op_offload = arg_bool(p, "opOffload", cp.op_offload);
+    cp.swa_full = arg_bool(p, "swaFull", cp.swa_full);
+    cp.kv_unified = arg_bool(p, "kvUnified", cp.kv_unified);
+    cp.no_perf = arg_bool(p, "noPerf", true);
+    if (cp.n_batch == 0 || cp.n_ubatch == 0 || cp.n_seq_max == 0 || cp.n_seq_max > llama_max_parallel_sequences()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "nBatch, nUbatch must be positive and nSeqMax within 1..llama_max_parallel_sequences()");
+    }
+    auto * w = new context_create_worker(env, m, info[0], cp);
+    Napi::Promise promise = w->promise();
+    w->Queue();
+    return promise;
+}
+
+static Napi::Value context_free(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    if (c->busy.load()) {
+        hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "context is busy; await its pending operation first");
+    }
+    handle_clear<hydra_context>(info[0]);
+    context_destroy(c);
+    return info.Env().Undefined();
+}
+
+static Napi::Value context_info(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    Napi::Object out = Napi::Object::New(info.Env());
+    out.Set("nCtx", llama_n_ctx(c->ctx));
+    out.Set("nCtxSeq", llama_n_ctx_seq(c->ctx));
+    out.Set("nBatch", llama_n_batch(c->ctx));
+    out.Set("nUbatch", llama_n_ubatch(c->ctx));
+    out.Set("nSeqMax", llama_n_seq_max(c->ctx));
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// samplers: a chain per sequence, in the order common_sampler uses
+
+static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    Napi::Object p = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
+    const llama_vocab * vocab = llama_model_get_vocab(m->model);
+    float temp = (float) arg_number(p, "temp", 0.8);
+    int32_t top_k = (int32_t) arg_number(p, "topK", 40);
+    float top_p = (float) arg_number(p, "topP", 0.95);
+    float min_p = (float) arg_number(p, "minP", 0.05);
+    float typ_p = (float) arg_number(p, "typP", 1.0);
+    float penalty_repeat = (float) arg_number(p, "penaltyRepeat", 1.0);
+    float penalty_freq = (float) arg_number(p, "penaltyFreq", 0.0);
+    float penalty_present = (float) arg_number(p, "penaltyPresent", 0.0);
+    int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
+    uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
+    std::string grammar = arg_string(p, "grammar");
+
+    llama_sampler_chain_params scp = llama_sampler_chain_default_params();
+    scp.no_perf = true;
+    llama_sampler * chain = llama_sampler_chain_init(scp);
+    if (!grammar.empty()) {
+        llama_sampler * g = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
+        if (g == nullptr) {
+            llama_sampler_free(chain);
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "grammar failed to parse");
+        }
+        llama_sampler_chain_add(chain, g);
+    }
+    if (penalty_repeat != 1.0f || penalty_freq != 0.0f || penalty_present != 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
+    }
+    if (temp <= 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    } else {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
+        llama_sampler_chain_add(chain, llama_sampler_init_typical(typ_p, 1));
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
+        llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+    }
+    auto * s = new hydra_sampler();
+    s->chain = chain;
+    return handle_make<hydra_sampler>(env, s, sampler_destroy);
+}
+
+static Napi::Value sampler_free(const Napi::CallbackInfo & info) {
+    hydra_sampler * s = hydra_handle_get<hydra_sampler>(info[0], "sampler");
+    handle_clear<hydra_sampler>(info[0]);
+    sampler_destroy(s);
+    return info.Env().Undefined();
+}
+
+// Feeds tokens (e.g. the prompt) to the sampler's history without sampling (repeat penalties).
+static Napi::Value sampler_accept(const Napi::CallbackInfo & info) {
+    hydra_sampler * s = hydra_handle_get<hydra_sampler>(info[0], "sampler");
+    Napi::Int32Array tokens = info[1].As<Napi::Int32Array>();
+    for (size_t i = 0; i < tokens.ElementLength(); i++) {
+        llama_sampler_accept(s->chain, tokens[i]);
+    }
+    return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// decode: one native call per step for every active sequence
+
+struct decode_entry {
+    llama_seq_id seq;
+    llama_pos pos;
+    std::vector<llama_token> tokens;
+    llama_sampler * sampler;  // may be null: no sampling
+    bool want_logits;
+    llama_token sampled = -1;
+    std::vector<float> logits;
+};
+
+class decode_worker : public Napi::AsyncWorker {
+public:
+    decode_worker(Napi::Env env, hydra_context * c, std::vector<decode_entry> entries, std::vector<Napi::Reference<Napi::Value>> refs)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), c(c), entries(std::move(entries)), refs(std::move(refs)) {}
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        llama_batch & batch = c->batch;
+        const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c->owner->model));
+        size_t entry = 0, offset = 0;
+        // Fill the batch with as many tokens as fit, across entries; after each llama_decode, sample
+        // the entries whose last token was in that chunk before the next chunk overwrites logits.
+        while (entry < entries.size()) {
+            batch.n_tokens = 0;
+            std::vector<std::pair<size_t, int32_t>> finished;  // (entry, batch index of its last token)
+            while (entry < entries.size() && batch.n_tokens < c->n_batch) {
+                decode_entry & e = entries[entry];
+                size_t take = std::min(e.tokens.size() - offset, (size_t) (c->n_batch - batch.n_tokens));
+                for (size_t k = 0; k < take; k++) {
+                    int32_t i = batch.n_tokens++;
+                    bool last = offset + k + 1 == e.tokens.size();
+                    batch.token[i] = e.tokens[offset + k];
+                    batch.pos[i] = e.pos + (llama_pos) (offset + k);
+                    batch.n_seq_id[i] = 1;
+                    batch.seq_id[i][0] = e.seq;
+                    batch.logits[i] = last && (e.sampler != nullptr || e.want_logits);
+                    if (last) {
+                        finished.emplace_back(entry, i);
+                    }
+                }
+                offset += take;
+                if (offset == e.tokens.size()) {
+                    entry++;
+                    offset = 0;
+                }
+            }
+            log_errors_take();
+            int32_t rc = llama_decode(c->ctx, batch);
+            if (rc != 0) {
+                std::string why = log_errors_take();
+                SetError(rc == 1 ? "no KV cache room for this batch (context full)" : "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ": " + why));
+                status = rc;
+                return;
+            }
+            for (auto [index, i] : finished) {
+                decode_entry & e = entries[index];
+                if (e.want_logits) {
+                    const float * row = llama_get_logits_ith(c->ctx, i);
+                    e.logits.assign(row, row + n_vocab);
+                }
+                if (e.sampler != nullptr) {
+                    e.sampled = llama_sampler_sample(e.sampler, c->ctx, i);
+                }
+            }
+        }
+    }
+    void OnOK() override {
+        c->busy = false;
+        Napi::Env env = Env();
+        Napi::Int32Array tokens = Napi::Int32Array::New(env, entries.size());
+        Napi::Array logits = Napi::Array::New(env);
+        for (size_t i = 0; i < entries.size(); i++) {
+            tokens[i] = entries[i].sampled;
+            if (entries[i].want_logits) {
+                Napi::Float32Array row = Napi::Float32Array::New(env, entries[i].logits.size());
+                memcpy(row.Data(), entries[i].logits.data(), entries[i].logits.size() * sizeof(float));
+                logits.Set((uint32_t) i, row);
+            } else {
+                logits.Set((uint32_t) i, env.Null());
+            }
+        }
+        Napi::Object out = Napi::Object::New(env);
+        out.Set("tokens", tokens);
+        out.Set("logits", logits);
+        deferred.Resolve(out);
+    }
+    void OnError(const Napi::Error & e) override {
+        c->busy = false;
+        Napi::Error err = hydra_error_make(Env(), HYDRA_ERR_DECODE_FAILED, e.Message());
+        err.Set("status", Napi::Number::New(Env(), status));
+        deferred.Reject(err.Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    hydra_context * c;
+    std::vector<decode_entry> entries;
+    std::vector<Napi::Reference<Napi::Value>> refs;  // keep context and samplers alive
+    int32_t status = 0;
+};
+
+static void context_claim(Napi::Env env, hydra_context * c) {
+    bool expected = false;
+    if (!c->busy.compare_exchange_strong(expected, true)) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy with another operation");
+    }
+}
+
+// decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?}]) -> {tokens: Int32Array, logits}
+static Napi::Value decode_step(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    Napi::Array list = info[1].As<Napi::Array>();
+    std::vector<decode_entry> entries;
+    std::vector<Napi::Reference<Napi::Value>> refs;
+    refs.push_back(Napi::Persistent(info[0]));
+    uint32_t n_seq_max = llama_n_seq_max(c->ctx);
+    for (uint32_t i = 0; i < list.Length(); i++) {
+        Napi::Object o = list.Get(i).As<Napi::Object>();
+        decode_entry e;
+        e.seq = (llama_seq_id) arg_number(o, "seq", 0);
+        e.pos = (llama_pos) arg_number(o, "pos", 0);
+        if (e.seq < 0 || (uint32_t) e.seq >= n_seq_max) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "seq " + std::to_string(e.seq) + " is outside 0.." + std::to_string(n_seq_max - 1));
+        }
+        Napi::Int32Array t = o.Get("tokens").As<Napi::Int32Array>();
+        if (t.ElementLength() == 0) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry of decodeStep has no tokens");
+        }
+        e.tokens.assign(t.Data(), t.Data() + t.ElementLength());
+        Napi::Value sv = o.Get("sampler");
+        e.sampler = nullptr;
+        if (!sv.IsUndefined() && !sv.IsNull()) {
+            e.sampler = hydra_handle_get<hydra_sampler>(sv, "sampler")->chain;
+            refs.push_back(Napi::Persistent(sv));
+        }
+        e.want_logits = arg_bool(o, "logits", false);
+        entries.push_back(std::move(e));
+    }
+    context_claim(env, c);
+    auto * w = new decode_worker(env, c, std::move(entries), std::move(refs));
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV sequence ops (quick, JS thread) and per-sequence state (AsyncWorker)
+
+static Napi::Value memory_seq_rm(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    bool ok = llama_memory_seq_rm(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value(), info[2].ToNumber().Int32Value(), info[3].ToNumber().Int32Value());
+    return Napi::Boolean::New(info.Env(), ok);
+}
+
+static Napi::Value memory_seq_cp(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    llama_memory_seq_cp(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value(), info[2].ToNumber().Int32Value(), info[3].ToNumber().Int32Value(), info[4].ToNumber().Int32Value());
+    return info.Env().Undefined();
+}
+
+static Napi::Value memory_seq_pos_max(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    return Napi::Number::New(info.Env(), llama_memory_seq_pos_max(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value()));
+}
+
+static Napi::Value memory_clear(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    llama_memory_clear(llama_get_memory(c->ctx), true);
+    return info.Env().Undefined();
+}
+
+class state_worker : public Napi::AsyncWorker {
+public:
+    state_worker(Napi::Env env, hydra_context * c, Napi::Value ctx_handle, llama_seq_id seq, std::vector<uint8_t> in, bool set)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), c(c), seq(seq), data(std::move(in)), set(set) {
+        ref = Napi::Persistent(ctx_handle);
+    }
+    Napi::Promise promise() { return deferred.Promise(); }
+    void Execute() override {
+        if (set) {
+            n = llama_state_seq_set_data(c->ctx, data.data(), data.size(), seq);
+            if (n == 0) SetError("the state does not fit this context or is corrupt");
+        } else {
+            data.resize(llama_state_seq_get_size(c->ctx, seq));
+            n = llama_state_seq_get_data(c->ctx, data.data(), data.size(), seq);
+            if (n == 0) SetError("could not read the sequence state");
+            data.resize(n);
+        }
+    }
+    void OnOK() override {
+        c->busy = false;
+        if (set) deferred.Resolve(Napi::Number::New(Env(), (double) n));
+        else deferred.Resolve(Napi::Buffer<uint8_t>::Copy(Env(), data.data(), data.size()));
+    }
+    void OnError(const Napi::Error & e) override {
+        c->busy = false;
+        deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_STATE_FAILED, e.Message()).Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    Napi::Reference<Napi::Value> ref;
+    hydra_context * c;
+    llama_seq_id seq;
+    std::vector<uint8_t> data;
+    bool set;
+    size_t n = 0;
+};
+
+static Napi::Value state_seq_get(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_claim(info.Env(), c);
+    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), {}, false);
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+static Napi::Value state_seq_set(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    Napi::Uint8Array buf = info[2].As<Napi::Uint8Array>();
+    std::vector<uint8_t> copy(buf.Data(), buf.Data() + buf.ByteLength());
+    context_claim(info.Env(), c);
+    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), std::move(copy), true);
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
+    exports.Set("backendInit", Napi::Function::New(env, backend_init));
+    exports.Set("devicesList", Napi::Function::New(env, devices_list));
+    exports.Set("rpcServerAdd", Napi::Function::New(env, rpc_server_add));
+    exports.Set("modelLoad", Napi::Function::New(env, model_load));
+    exports.Set("modelInfo", Napi::Function::New(env, model_info));
+    exports.Set("modelFree", Napi::Function::New(env, model_free));
+    exports.Set("tokenIsEog", Napi::Function::New(env, token_is_eog));
+    exports.Set("tokenize", Napi::Function::New(env, tokenize));
+    exports.Set("tokenToPiece", Napi::Function::New(env, token_to_piece));
+    exports.Set("detokenize", Napi::Function::New(env, detokenize));
+    exports.Set("chatApplyTemplate", Napi::Function::New(env, chat_apply_template));
+    exports.Set("contextCreate", Napi::Function::New(env, context_create));
+    exports.Set("contextFree", Napi::Function::New(env, context_free));
+    exports.Set("contextInfo", Napi::Function::New(env, context_info));
+    exports.Set("samplerCreate", Napi::Function::New(env, sampler_create));
+    exports.Set("samplerFree", Napi::Function::New(env, sampler_free));
+    exports.Set("samplerAccept", Napi::Function::New(env, sampler_accept));
+    exports.Set("decodeStep", Napi::Function::New(env, decode_step));
+    exports.Set("memorySeqRm", Napi::Function::New(env, memory_seq_rm));
+    exports.Set("memorySeqCp", Napi::Function::New(env, memory_seq_cp));
+    exports.Set("memorySeqPosMax", Napi::Function::New(env, memory_seq_pos_max));
+    exports.Set("memoryClear", Napi::Function::New(env, memory_clear));
+    exports.Set("stateSeqGet", Napi::Function::New(env, state_seq_get));
+    exports.Set("stateSeqSet", Napi::Function::New(env, state_seq_set));
+    hydra_rpc_serve_init(env, exports);
+    return exports;
+}
+
+NODE_API_MODULE(hydra_ggml, hydra_init)

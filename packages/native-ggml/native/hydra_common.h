@@ -1,0 +1,68 @@
+// Shared declarations of the hydra_ggml addon: handle types and error helpers.
+#pragma once
+
+#include <napi.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+// Error codes that cross into JS as `err.code`; documented in the package README.
+#define HYDRA_ERR_LOAD_FAILED       "HYDRA_ERR_LOAD_FAILED"
+#define HYDRA_ERR_LOAD_CANCELLED    "HYDRA_ERR_LOAD_CANCELLED"
+#define HYDRA_ERR_BAD_ARGUMENT      "HYDRA_ERR_BAD_ARGUMENT"
+#define HYDRA_ERR_DISPOSED          "HYDRA_ERR_DISPOSED"
+#define HYDRA_ERR_CONTEXT_FAILED    "HYDRA_ERR_CONTEXT_FAILED"
+#define HYDRA_ERR_DECODE_FAILED     "HYDRA_ERR_DECODE_FAILED"
+#define HYDRA_ERR_PEER_UNREACHABLE  "HYDRA_ERR_PEER_UNREACHABLE"
+#define HYDRA_ERR_STATE_FAILED      "HYDRA_ERR_STATE_FAILED"
+#define HYDRA_ERR_BAD_OVERRIDE      "HYDRA_ERR_BAD_OVERRIDE"
+#define HYDRA_ERR_NO_DEVICE         "HYDRA_ERR_NO_DEVICE"
+#define HYDRA_ERR_SERVE_FAILED      "HYDRA_ERR_SERVE_FAILED"
+
+Napi::Error hydra_error_make(Napi::Env env, const char * code, const std::string & message);
+[[noreturn]] void hydra_error_throw(Napi::Env env, const char * code, const std::string & message);
+
+// A loaded model. Freed by model_free or, failing that, by the External's finalizer.
+struct hydra_model {
+    llama_model * model = nullptr;
+    std::mutex    mutex;   // held by every native call that uses the model off the JS thread
+    int           n_contexts = 0;
+};
+
+// A context and the scratch state one decode step needs. One async operation at a time (the JS
+// wrapper queues); `busy` turns a violation into a clear error instead of a data race.
+struct hydra_context {
+    llama_context *   ctx = nullptr;
+    hydra_model *     owner = nullptr;
+    llama_batch       batch = {};
+    int32_t           n_batch = 0;
+    std::atomic<bool> busy{false};
+};
+
+struct hydra_sampler {
+    llama_sampler * chain = nullptr;
+};
+
+template <typename T>
+T * hydra_handle_get(const Napi::Value & value, const char * what) {
+    Napi::Env env = value.Env();
+    if (!value.IsExternal()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string(what) + " handle expected");
+    }
+    auto ** slot = value.As<Napi::External<T *>>().Data();
+    if (slot == nullptr || *slot == nullptr) {
+        hydra_error_throw(env, HYDRA_ERR_DISPOSED, std::string(what) + " was already disposed");
+    }
+    return *slot;
+}
+
+#include "ggml-backend.h"
+
+Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev);
+
+// Registration functions of each source file.
+void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports);

@@ -1,0 +1,282 @@
+// The native half of the merged port: peek the first byte of a connection without consuming it,
+// take a connection over from Node (dup), and serve one ggml-RPC session on it.
+#include "hydra_common.h"
+
+#include "ggml-rpc.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>  // struct tcp_info with byte counters (glibc's copy lacks them)
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+// ---------------------------------------------------------------------------------------------
+// peek: one poller thread waits for every pending first byte, so idle connections never occupy
+// libuv's small thread pool (which decode and file I/O need).
+
+struct peek_request {
+    int fd;
+    std::chrono::steady_clock::time_point deadline;
+    Napi::ThreadSafeFunction tsfn;
+    Napi::Promise::Deferred * deferred;
+};
+
+struct peek_result {
+    Napi::Promise::Deferred * deferred;
+    int value;
+};
+
+class peek_poller {
+public:
+    static peek_poller & get() {
+        static peek_poller * instance = new peek_poller();  // never destroyed: the thread outlives exit
+        return *instance;
+    }
+
+    bool add(peek_request req) {
+        std::lock_guard<std::mutex> lock(mutex);
+        epoll_event ev = {};
+        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+        ev.data.fd = req.fd;
+        if (pending.count(req.fd) || epoll_ctl(epfd, EPOLL_CTL_ADD, req.fd, &ev) != 0) {
+            return false;
+        }
+        pending.emplace(req.fd, std::move(req));
+        uint64_t one = 1;
+        (void) !write(wakefd, &one, sizeof(one));
+        return true;
+    }
+
+private:
+    peek_poller() {
+        epfd = epoll_create1(EPOLL_CLOEXEC);
+        wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        epoll_event ev = {};
+        ev.events = EPOLLIN;
+        ev.data.fd = wakefd;
+        epoll_ctl(epfd, EPOLL_CTL_ADD, wakefd, &ev);
+        std::thread([this] { run(); }).detach();
+    }
+
+    static void finish(peek_request & req, int value) {
+        auto * result = new peek_result{req.deferred, value};
+        req.tsfn.BlockingCall(result, [](Napi::Env env, Napi::Function, peek_result * r) {
+            r->deferred->Resolve(Napi::Number::New(env, r->value));
+            delete r->deferred;
+            delete r;
+        });
+        req.tsfn.Release();
+    }
+
+    void run() {
+        epoll_event events[64];
+        while (true) {
+            int timeout_ms = -1;
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                auto now = std::chrono::steady_clock::now();
+                for (auto & [fd, req] : pending) {
+                    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - now).count();
+                    int ms = (int) std::max<int64_t>(0, left);
+                    timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+                }
+            }
+            int n = epoll_wait(epfd, events, 64, timeout_ms);
+            std::vector<std::pair<peek_request, int>> done;
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                for (int i = 0; i < n; i++) {
+                    int fd = events[i].data.fd;
+                    if (fd == wakefd) {
+                        uint64_t v;
+                        (void) !read(wakefd, &v, sizeof(v));
+                        continue;
+                    }
+                    auto it = pending.find(fd);
+                    if (it == pending.end()) {
+                        continue;
+                    }
+                    uint8_t byte = 0;
+                    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+                    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                        epoll_event ev = {};
+                        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+                        ev.data.fd = fd;
+                        epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &ev);
+                        continue;
+                    }
+                    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+                    done.emplace_back(std::move(it->second), got == 1 ? (int) byte : -1);
+                    pending.erase(it);
+                }
+                auto now = std::chrono::steady_clock::now();
+                for (auto it = pending.begin(); it != pending.end();) {
+                    if (it->second.deadline <= now) {
+                        epoll_ctl(epfd, EPOLL_CTL_DEL, it->first, nullptr);
+                        done.emplace_back(std::move(it->second), -1);
+                        it = pending.erase(it);
+                    } else {
+                        ++it;
+                    }
+                }
+            }
+            for (auto & [req, value] : done) {
+                finish(req, value);
+            }
+        }
+    }
+
+    int epfd = -1;
+    int wakefd = -1;
+    std::mutex mutex;
+    std::map<int, peek_request> pending;
+};
+
+// peekFirstByte(fd, timeoutMs) -> Promise<number>: the first byte (still unread), or -1 on
+// EOF, error or timeout.
+static Napi::Value peek_first_byte(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    int fd = info[0].ToNumber().Int32Value();
+    int timeout_ms = info.Length() > 1 ? info[1].ToNumber().Int32Value() : 5000;
+    if (fd < 0) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "fd must be a non-negative integer");
+    }
+    auto * deferred = new Napi::Promise::Deferred(env);
+    Napi::Promise promise = deferred->Promise();
+    peek_request req;
+    req.fd = fd;
+    req.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
+    req.tsfn = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo &) {}), "hydra_peek", 0, 1);
+    req.deferred = deferred;
+    if (!peek_poller::get().add(std::move(req))) {
+        deferred->Reject(hydra_error_make(env, HYDRA_ERR_BAD_ARGUMENT, "fd " + std::to_string(fd) + " cannot be polled (already pending or not a socket)").Value());
+        delete deferred;
+    }
+    return promise;
+}
+
+// detachFd(fd) -> fd2: a blocking duplicate with TCP_NODELAY. The caller destroys Node's socket
+// next, leaving fd2 the only owner of the connection.
+static Napi::Value detach_fd(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    int fd = info[0].ToNumber().Int32Value();
+    int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string("dup failed: ") + strerror(errno));
+    }
+    int flags = fcntl(dup_fd, F_GETFL, 0);
+    fcntl(dup_fd, F_SETFL, flags & ~O_NONBLOCK);
+    int one = 1;
+    setsockopt(dup_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return Napi::Number::New(env, dup_fd);
+}
+
+static Napi::Value fd_close(const Napi::CallbackInfo & info) {
+    close(info[0].ToNumber().Int32Value());
+    return info.Env().Undefined();
+}
+
+static bool device_is_rpc(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    return reg != nullptr && strcmp(ggml_backend_reg_name(reg), "RPC") == 0;
+}
+
+// The devices served by default: every local GPU, or the CPU when there is none (as upstream
+// rpc-server chooses). Remote (RPC) devices are never re-served.
+static std::vector<ggml_backend_dev_t> serve_devices_default() {
+    std::vector<ggml_backend_dev_t> gpus, cpus;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (device_is_rpc(dev)) {
+            continue;
+        }
+        auto type = ggml_backend_dev_type(dev);
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            gpus.push_back(dev);
+        } else if (type == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            cpus.push_back(dev);
+        }
+    }
+    return gpus.empty() ? cpus : gpus;
+}
+
+// serveRpcFd(fd, {devices?, threads?, cacheDir?}, stats?: BigUint64Array(3)) -> session summary.
+// Blocks until the client leaves: call it from a worker thread only. Takes ownership of fd.
+static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    int fd = info[0].ToNumber().Int32Value();
+    Napi::Object opts = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
+    std::vector<ggml_backend_dev_t> devices;
+    Napi::Value names = opts.Get("devices");
+    if (names.IsArray() && names.As<Napi::Array>().Length() > 0) {
+        Napi::Array a = names.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            std::string name = a.Get(i).ToString().Utf8Value();
+            ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+            if (dev == nullptr || device_is_rpc(dev)) {
+                close(fd);
+                hydra_error_throw(env, HYDRA_ERR_NO_DEVICE, "no local device named " + name);
+            }
+            devices.push_back(dev);
+        }
+    } else {
+        devices = serve_devices_default();
+    }
+    size_t threads = (size_t) (opts.Get("threads").IsNumber() ? opts.Get("threads").As<Napi::Number>().Int64Value() : std::max(1u, std::thread::hardware_concurrency()));
+    std::string cache_dir = opts.Get("cacheDir").IsString() ? opts.Get("cacheDir").As<Napi::String>().Utf8Value() : "";
+
+    ggml_backend_rpc_serve_stats local = {};
+    ggml_backend_rpc_serve_stats * stats = &local;
+    if (info.Length() > 2 && info[2].IsTypedArray()) {
+        Napi::TypedArray ta = info[2].As<Napi::TypedArray>();
+        if (ta.TypedArrayType() != napi_biguint64_array || ta.ElementLength() < 3) {
+            close(fd);
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "stats must be a BigUint64Array of at least 3 elements");
+        }
+        // Often backed by a SharedArrayBuffer so the main thread reads the counters live.
+        stats = reinterpret_cast<ggml_backend_rpc_serve_stats *>(info[2].As<Napi::BigUint64Array>().Data());
+    }
+    // Kept to read the kernel's byte counters once the session (which closes fd) is over.
+    int watch_fd = dup(fd);
+    auto started = std::chrono::steady_clock::now();
+    bool ok = ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), threads, devices.size(), devices.data(), stats);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    struct tcp_info ti = {};
+    socklen_t len = sizeof(ti);
+    bool have_tcp = watch_fd >= 0 && getsockopt(watch_fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0;
+    if (watch_fd >= 0) {
+        close(watch_fd);
+    }
+    if (!ok) {
+        hydra_error_throw(env, HYDRA_ERR_SERVE_FAILED, "could not create a backend for the served devices");
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("commands", Napi::Number::New(env, (double) stats->n_cmds));
+    out.Set("setTensorBytes", Napi::Number::New(env, (double) stats->set_tensor_bytes));
+    out.Set("setTensorHashHits", Napi::Number::New(env, (double) stats->set_tensor_hash_hits));
+    out.Set("bytesIn", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_received : -1));
+    out.Set("bytesOut", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_acked : -1));
+    out.Set("durationMs", Napi::Number::New(env, ms));
+    Napi::Array served = Napi::Array::New(env);
+    for (size_t i = 0; i < devices.size(); i++) {
+        served.Set((uint32_t) i, ggml_backend_dev_name(devices[i]));
+    }
+    out.Set("devices", served);
+    return out;
+}
+
+void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports) {
+    exports.Set("peekFirstByte", Napi::Function::New(env, peek_first_byte));
+    exports.Set("detachFd", Napi::Function::New(env, detach_fd));
+    exports.Set("fdClose", Napi::Function::New(env, fd_close));
+    exports.Set("serveRpcFd", Napi::Function::New(env, serve_rpc_fd));
+}

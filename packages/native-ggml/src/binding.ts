@@ -1,0 +1,203 @@
+// The compiled addon, typed by hand, and the one place that loads it. Tries the CUDA build, then
+// the CPU build (or the file named by HYDRA_NATIVE_ADDON), and otherwise throws one error that
+// lists what was tried and how to fix it.
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { HydraError } from '@hydra-engine/errors';
+
+declare const modelHandle: unique symbol;
+declare const contextHandle: unique symbol;
+declare const samplerHandle: unique symbol;
+/** Opaque native handles. */
+export type ModelHandle = { readonly [modelHandle]: true };
+export type ContextHandle = { readonly [contextHandle]: true };
+export type SamplerHandle = { readonly [samplerHandle]: true };
+
+export interface NativeDevice {
+  name: string;
+  description: string;
+  type: 'cpu' | 'gpu' | 'igpu' | 'accel' | 'unknown';
+  free: number;
+  total: number;
+  bufferType: string;
+}
+
+export interface NativeModelParams {
+  path: string;
+  nGpuLayers?: number;
+  splitMode?: 'none' | 'layer' | 'row';
+  mainGpu?: number;
+  tensorSplit?: number[];
+  devices?: string[];
+  overrides?: { pattern: string; bufferType: string }[];
+  kvOverrides?: { key: string; type: 'int' | 'float' | 'bool' | 'str'; value: number | boolean | string }[];
+  useMmap?: boolean;
+  useMlock?: boolean;
+  checkTensors?: boolean;
+}
+
+export interface NativeModelInfo {
+  arch: string;
+  description: string;
+  name: string;
+  nLayer: number;
+  nEmbd: number;
+  nHead: number;
+  nHeadKv: number;
+  nCtxTrain: number;
+  nVocab: number;
+  nParams: number;
+  size: number;
+  nExpert: number;
+  chatTemplate: string | null;
+  bos: number;
+  eos: number;
+  addBos: boolean;
+}
+
+export interface NativeContextParams {
+  nCtx?: number;
+  nBatch?: number;
+  nUbatch?: number;
+  nSeqMax?: number;
+  nThreads?: number;
+  nThreadsBatch?: number;
+  flashAttn?: 'auto' | 'on' | 'off';
+  typeK?: string;
+  typeV?: string;
+  ropeFreqBase?: number;
+  ropeFreqScale?: number;
+  ropeScalingType?: 'none' | 'linear' | 'yarn';
+  yarnExtFactor?: number;
+  yarnAttnFactor?: number;
+  yarnBetaFast?: number;
+  yarnBetaSlow?: number;
+  yarnOrigCtx?: number;
+  offloadKqv?: boolean;
+  opOffload?: boolean;
+  swaFull?: boolean;
+  kvUnified?: boolean;
+  noPerf?: boolean;
+}
+
+export interface NativeSamplerParams {
+  temp?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  typP?: number;
+  penaltyRepeat?: number;
+  penaltyFreq?: number;
+  penaltyPresent?: number;
+  penaltyLastN?: number;
+  seed?: number;
+  grammar?: string;
+}
+
+export interface NativeDecodeEntry {
+  seq: number;
+  pos: number;
+  tokens: Int32Array;
+  sampler?: SamplerHandle | null;
+  logits?: boolean;
+}
+
+export interface NativeServeSummary {
+  commands: number;
+  setTensorBytes: number;
+  setTensorHashHits: number;
+  bytesIn: number;
+  bytesOut: number;
+  durationMs: number;
+  devices: string[];
+}
+
+/** The flat surface of hydra_ggml.node. */
+export interface NativeBinding {
+  backendInit(logLevel?: number): {
+    systemInfo: string;
+    rpcProtoMajor: number;
+    supportsGpuOffload: boolean;
+    supportsMmap: boolean;
+    maxDevices: number;
+  };
+  devicesList(): NativeDevice[];
+  rpcServerAdd(endpoint: string): Promise<NativeDevice[]>;
+  modelLoad(
+    params: NativeModelParams,
+    onProgress?: (progress: number) => void,
+  ): { promise: Promise<ModelHandle>; cancel(): void };
+  modelInfo(model: ModelHandle): NativeModelInfo;
+  modelFree(model: ModelHandle): void;
+  tokenIsEog(model: ModelHandle, token: number): boolean;
+  tokenize(model: ModelHandle, text: string, addSpecial: boolean, parseSpecial: boolean): Int32Array;
+  tokenToPiece(model: ModelHandle, token: number, special: boolean): Buffer;
+  detokenize(model: ModelHandle, tokens: Int32Array, removeSpecial: boolean, unparseSpecial: boolean): string;
+  chatApplyTemplate(
+    model: ModelHandle,
+    messages: { role: string; content: string }[],
+    addAssistant: boolean,
+    template?: string,
+  ): string;
+  contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
+  contextFree(ctx: ContextHandle): void;
+  contextInfo(ctx: ContextHandle): { nCtx: number; nCtxSeq: number; nBatch: number; nUbatch: number; nSeqMax: number };
+  samplerCreate(model: ModelHandle, params: NativeSamplerParams): SamplerHandle;
+  samplerFree(sampler: SamplerHandle): void;
+  samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;
+  decodeStep(ctx: ContextHandle, entries: NativeDecodeEntry[]): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
+  memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
+  memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
+  memorySeqPosMax(ctx: ContextHandle, seq: number): number;
+  memoryClear(ctx: ContextHandle): void;
+  stateSeqGet(ctx: ContextHandle, seq: number): Promise<Buffer>;
+  stateSeqSet(ctx: ContextHandle, seq: number, data: Uint8Array): Promise<number>;
+  peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
+  detachFd(fd: number): number;
+  fdClose(fd: number): void;
+  serveRpcFd(
+    fd: number,
+    options: { devices?: string[]; threads?: number; cacheDir?: string },
+    stats?: BigUint64Array,
+  ): NativeServeSummary;
+}
+
+const packageDir = join(dirname(fileURLToPath(import.meta.url)), '..');
+
+/** Where the loader looks, in order. */
+export function addonCandidates(): string[] {
+  const fromEnv = process.env.HYDRA_NATIVE_ADDON;
+  const list = fromEnv ? [fromEnv] : [];
+  list.push(join(packageDir, 'build-cuda', 'bin', 'hydra_ggml.node'), join(packageDir, 'build', 'bin', 'hydra_ggml.node'));
+  return list;
+}
+
+let loaded: { binding: NativeBinding; path: string } | undefined;
+
+/** Loads the addon once per thread; throws `HYDRA_ERR_NATIVE_MISSING` listing what was tried. */
+export function loadBinding(): { binding: NativeBinding; path: string } {
+  if (loaded) return loaded;
+  const require = createRequire(import.meta.url);
+  const tried: string[] = [];
+  for (const candidate of addonCandidates()) {
+    if (!existsSync(candidate)) {
+      tried.push(`${candidate} (missing)`);
+      continue;
+    }
+    try {
+      const binding = require(candidate) as NativeBinding;
+      loaded = { binding, path: candidate };
+      return loaded;
+    } catch (err) {
+      tried.push(`${candidate} (${(err as Error).message.split('\n')[0]})`);
+    }
+  }
+  throw new HydraError(
+    'HYDRA_ERR_NATIVE_MISSING',
+    `the hydra_ggml native addon could not be loaded. Tried:\n  ${tried.join('\n  ')}\n` +
+      'Build it with `pnpm --filter @hydra-engine/native-ggml build` (CPU) or with HYDRA_CUDA=1 for CUDA.',
+    { details: { tried } },
+  );
+}

@@ -1,0 +1,29 @@
+// A piscina worker module: each task serves one ggml-RPC session on a detached fd, blocking this
+// worker thread (not the event loop) until the client leaves.
+import { loadBinding } from './binding.js';
+import type { NativeServeSummary } from './binding.js';
+
+/** The task a merged port hands to this worker. */
+export interface RpcServeTask {
+  fd: number;
+  devices?: string[];
+  threads?: number;
+  cacheDir?: string;
+  /** Live counters (commands, set-tensor bytes, hash hits), usually on a SharedArrayBuffer. */
+  stats?: BigUint64Array;
+}
+
+let ready = false;
+
+export default function serve(task: RpcServeTask): NativeServeSummary {
+  const { binding } = loadBinding();
+  if (!ready) {
+    binding.backendInit(4);
+    ready = true;
+  }
+  const options: { devices?: string[]; threads?: number; cacheDir?: string } = {};
+  if (task.devices) options.devices = task.devices;
+  if (task.threads) options.threads = task.threads;
+  if (task.cacheDir) options.cacheDir = task.cacheDir;
+  return binding.serveRpcFd(task.fd, options, task.stats);
+}
