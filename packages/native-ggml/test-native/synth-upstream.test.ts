@@ -30,6 +30,7 @@ const VARIANTS = [
   { arch: 'llama', quant: 'f16' },
   { arch: 'llama', quant: 'q8_0' },
   { arch: 'llama', quant: 'q4_0' },
+  { arch: 'moe', quant: 'f16' },
   { arch: 'moe', quant: 'q8_0' },
   { arch: 'moe', quant: 'q4_0' },
 ] as const;
