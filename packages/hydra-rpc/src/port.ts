@@ -47,6 +47,8 @@ export interface HydraPortOptions {
   native?: NativeFdOps;
   /** The worker module serving ggml-RPC sessions; required with `native`. */
   rpcWorker?: RpcWorkerSpec;
+  /** Extra fields merged into every worker task (e.g. `{devices, threads, cacheDir}`). */
+  rpcTask?: Readonly<Record<string, unknown>>;
   /** Most concurrent ggml-RPC sessions; default 4. */
   poolSize?: number;
   /** ggml-RPC connections that may wait for a pool slot; default 64. */
@@ -97,6 +99,7 @@ export class HydraPort {
   readonly #logger: Logger;
   readonly #native: NativeFdOps | undefined;
   readonly #rpcWorker: RpcWorkerSpec | undefined;
+  readonly #rpcTask: Readonly<Record<string, unknown>>;
   readonly #handlers = new Map<number, HydraHandler>();
   readonly #sessionConfig: SessionConfig;
   readonly #sessions = new Set<HydraSession>();
@@ -158,6 +161,9 @@ export class HydraPort {
         throw badOption('rpcWorker', 'must have a filename (absolute path or file URL)');
       }
     }
+    this.#rpcTask = options.rpcTask ?? {};
+    if (typeof this.#rpcTask !== 'object' || this.#rpcTask === null)
+      throw badOption('rpcTask', 'must be an object');
     this.#sessionConfig = {
       handlers: this.#handlers,
       maxFrameBytes: positiveInt(options, 'maxFrameBytes', 64 * MiB),
@@ -343,7 +349,7 @@ export class HydraPort {
         // The duplicate alone owns the connection from here; Node's handle lets go of its copy.
         socket.destroy();
         this.#servedFds.add(served);
-        return { fd: served, remoteAddress };
+        return { ...this.#rpcTask, fd: served, remoteAddress };
       },
       abort: () => socket.destroy(),
       ended: () => {
