@@ -1,5 +1,6 @@
-import { execFile } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -18,6 +19,7 @@ const tool = (name: string): string | undefined =>
   toolDirs.map((d) => join(d, name)).find((p) => existsSync(p));
 const simple = tool('llama-simple');
 const bench = tool('llama-bench');
+const rpcServer = tool('ggml-rpc-server');
 const required = process.env.HYDRA_REQUIRE_NATIVE === '1';
 
 it.runIf(required)('finds the stock llama-simple and llama-bench', () => {
@@ -79,5 +81,82 @@ describe.skipIf(simple === undefined || bench === undefined)(
         for (const r of results) expect(r.avg_ts).toBeGreaterThan(0);
       }, 120_000);
     });
+  },
+);
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((ok) => srv.listen(0, '127.0.0.1', ok));
+  const { port } = srv.address() as { port: number };
+  await new Promise<void>((ok) => srv.close(() => ok()));
+  return port;
+}
+
+// With every layer on a stock ggml-rpc-server device the weights sit in a plain CPU buffer there,
+// so this also runs where the local CPU backend repacks weights for AMX or similar kernels.
+describe.skipIf(bench === undefined || rpcServer === undefined)(
+  'llama-bench through a stock ggml-rpc-server',
+  () => {
+    let dir: string;
+    let server: ChildProcess;
+    let endpoint: string;
+    beforeAll(async () => {
+      dir = mkdtempSync(join(tmpdir(), 'hydra-synth-rpc-'));
+      const port = await freePort();
+      endpoint = `127.0.0.1:${port}`;
+      server = spawn(rpcServer!, ['-H', '127.0.0.1', '-p', String(port), '-t', '2'], { stdio: 'ignore' });
+      // The server is ready once it accepts a connection.
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        const up = await new Promise<boolean>((ok) => {
+          const s = createServer();
+          s.once('error', () => ok(true));
+          s.listen(port, '127.0.0.1', () => s.close(() => ok(false)));
+        });
+        if (up) break;
+        if (Date.now() > deadline) throw new Error('ggml-rpc-server did not start');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }, 20_000);
+    afterAll(() => {
+      server?.kill();
+      rmSync(dir, { recursive: true, force: true });
+    });
+
+    it.each(VARIANTS)('$arch $quant: pp16 and tg8 with all layers on the RPC device', async ({
+      arch,
+      quant,
+    }) => {
+      const model = join(dir, `tiny-${arch}-${quant}.gguf`);
+      await writeSyntheticModel({ arch, shape: 'tiny', quant, seed: 7, out: model });
+      const args = [
+        '-m',
+        model,
+        '--rpc',
+        endpoint,
+        '-ngl',
+        '99',
+        '-p',
+        '16',
+        '-n',
+        '8',
+        '-r',
+        '1',
+        '-o',
+        'json',
+      ];
+      const { stdout } = await run(bench!, args, { timeout: 60_000 });
+      const results = JSON.parse(stdout) as Array<{
+        n_prompt: number;
+        n_gen: number;
+        avg_ts: number;
+        n_gpu_layers: number;
+      }>;
+      expect(results.map((r) => [r.n_prompt, r.n_gen, r.n_gpu_layers])).toEqual([
+        [16, 0, 99],
+        [0, 8, 99],
+      ]);
+      for (const r of results) expect(r.avg_ts).toBeGreaterThan(0);
+    }, 120_000);
   },
 );
