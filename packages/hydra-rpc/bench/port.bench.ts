@@ -1,12 +1,12 @@
 // Micro benchmarks of the merged port, run by `pnpm run bench` (after `build`: this file imports the
 // package's public entry). Results go to benchmarks/results/hydra-rpc-port.json; every figure carries
 // an anchor measured in the same run on the same machine.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type Server } from 'node:net';
 import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { HydraClient, HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
 import { Bench, type Task } from 'tinybench';
 
@@ -139,6 +139,85 @@ function repoRoot(): string {
   return dir;
 }
 
+const HELLO_REQ_SIZE = 24;
+const HELLO_RSP_SIZE = 28;
+
+/** ggml-RPC protocol 6 HELLO: connect, send it, resolve when the whole reply is in. */
+function helloFirstReply(port: number): Promise<void> {
+  const hello = Buffer.alloc(1 + 8 + HELLO_REQ_SIZE);
+  hello[0] = 0x0e;
+  hello.writeBigUInt64LE(BigInt(HELLO_REQ_SIZE), 1);
+  return new Promise((resolve, reject) => {
+    const socket = connect({ port, host: '127.0.0.1', noDelay: true }, () => socket.write(hello));
+    let got = 0;
+    socket.on('data', (chunk) => {
+      got += chunk.byteLength;
+      if (got >= 8 + HELLO_RSP_SIZE) {
+        socket.destroy();
+        resolve();
+      }
+    });
+    socket.on('error', reject);
+    socket.on('close', () => {
+      if (got < 8 + HELLO_RSP_SIZE) reject(new Error('closed before the HELLO reply'));
+    });
+  });
+}
+
+/**
+ * ggml-RPC HELLO connect-to-first-reply through this port (native half from native-ggml) against the
+ * stock upstream ggml-rpc-server of the same pin. Returns why it was skipped when either is missing.
+ */
+async function ggmlRpcHelloFigure(): Promise<Figure | string> {
+  const nativeDir = join(repoRoot(), 'packages', 'native-ggml');
+  const stockBin = join(nativeDir, 'build', 'bin', 'ggml-rpc-server');
+  const entry = join(nativeDir, 'dist', 'index.js');
+  if (!existsSync(stockBin) || !existsSync(entry)) {
+    return 'ggml-rpc-hello-connect-to-first-reply: needs the native-ggml build (addon and stock ggml-rpc-server)';
+  }
+  // Loaded by path: hydra-rpc does not depend on native-ggml; the bench wires them as the engine would.
+  const native = (await import(pathToFileURL(entry).href)) as {
+    peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
+    detachFd(fd: number): number;
+    rpcWorkerPath: string;
+  };
+  const port = new HydraPort({ native, rpcWorker: { filename: native.rpcWorkerPath }, logger: console });
+  const { port: ourPort } = await port.listen();
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+  const stockPort = (probe.address() as { port: number }).port;
+  await new Promise((resolve) => probe.close(resolve));
+  const stock = spawn(stockBin, ['-H', '127.0.0.1', '-p', String(stockPort)], { stdio: 'ignore' });
+  try {
+    for (let i = 0; ; i++) {
+      try {
+        await helloFirstReply(stockPort);
+        break;
+      } catch (err) {
+        if (i > 100) throw err;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    const bench = new Bench({ time: 2000, warmupTime: 300, iterations: 200 });
+    bench
+      .add('ggml-RPC HELLO connect-to-first-reply via hydra-rpc', () => helloFirstReply(ourPort))
+      .add('anchor: stock ggml-rpc-server HELLO connect-to-first-reply', () => helloFirstReply(stockPort));
+    await bench.run();
+    console.table(bench.table());
+    const [ours, theirs] = bench.tasks as [Task, Task];
+    return figure(
+      'ggml-rpc-hello-connect-to-first-reply',
+      'ms',
+      stats(ours, 'latency'),
+      theirs.name,
+      stats(theirs, 'latency'),
+    );
+  } finally {
+    stock.kill();
+    await port.close();
+  }
+}
+
 async function main(): Promise<void> {
   const hydra = new HydraPort({ handlers: { STATUS: () => STATUS_REPLY }, logger: console });
   const { port: hydraPort } = await hydra.listen();
@@ -220,13 +299,10 @@ async function main(): Promise<void> {
       perSecond(stats(pipeAnchor, 'throughput'), pipelineDepth),
     ),
   ];
-  // ggml-RPC HELLO connect-to-first-reply through this port against the stock upstream
-  // ggml-rpc-server of the same pin (goal: p99 within 1.1x) belongs here once native-ggml is built:
-  // start HydraPort with native + rpcWorker, start the stock server binary, measure both with the
-  // same connect/HELLO/first-reply loop, and push one figure whose anchor is the stock server.
-  const pending = [
-    'ggml-rpc-hello-connect-to-first-reply (anchor: stock ggml-rpc-server): needs the native-ggml build',
-  ];
+  const pending: string[] = [];
+  const ggml = await ggmlRpcHelloFigure();
+  if (typeof ggml === 'string') pending.push(ggml);
+  else figures.push(ggml);
 
   let commit = 'unknown';
   try {
