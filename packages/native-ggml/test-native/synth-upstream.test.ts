@@ -22,8 +22,12 @@ const bench = tool('llama-bench');
 const rpcServer = tool('ggml-rpc-server');
 const required = process.env.HYDRA_REQUIRE_NATIVE === '1';
 
-it.runIf(required)('finds the stock llama-simple and llama-bench', () => {
-  expect({ simple, bench }).toEqual({ simple: expect.any(String), bench: expect.any(String) });
+it.runIf(required)('finds the stock llama-simple, llama-bench and ggml-rpc-server', () => {
+  expect({ simple, bench, rpcServer }).toEqual({
+    simple: expect.any(String),
+    bench: expect.any(String),
+    rpcServer: expect.any(String),
+  });
 });
 
 const PROMPT = 'Hello world, the quick brown fox';
