@@ -1,0 +1,275 @@
+import { readFileSync } from 'node:fs';
+import { ModelRegistry } from '@hydra-engine/resolver';
+import { ConfigLayers, normalize, type Params } from '@hydra-engine/tiering';
+import { parse as parseYaml } from 'yaml';
+import { HydraError } from './errors.js';
+
+/** Engine settings that are not llama.cpp `common_params` fields. */
+export interface ServeSettings {
+  /** Requests waiting for a slot before 429. */
+  maxQueue: number;
+  /** Largest accepted request body. */
+  maxBodyBytes: number;
+  /** A request body must arrive within this time (408 otherwise). */
+  bodyTimeoutMs: number;
+  /** Show load progress: `auto` (bar on a TTY, lines otherwise), `bar`, `lines`, `off`. */
+  progress: 'auto' | 'bar' | 'lines' | 'off';
+}
+
+export interface ServeArgs {
+  layers: ConfigLayers;
+  registry: ModelRegistry | undefined;
+  settings: ServeSettings;
+  help: boolean;
+  version: boolean;
+}
+
+type Kind = 'string' | 'int' | 'number' | 'list' | 'numbers' | 'flag' | 'repeat';
+interface FlagSpec {
+  names: string[];
+  key: string;
+  kind: Kind;
+  help: string;
+  /** Value of a flag given without one (`-fa`). */
+  bare?: unknown;
+  values?: string[];
+}
+
+/** llama.cpp's flag names where they exist, mapped to common_params keys (tiering registry). */
+export const FLAGS: FlagSpec[] = [
+  { names: ['-m', '--model'], key: 'model', kind: 'string', help: 'GGUF path or registry alias (optional: boot empty)' },
+  { names: ['--host'], key: 'host', kind: 'string', help: 'HTTP bind address (default 127.0.0.1)' },
+  { names: ['--port'], key: 'port', kind: 'int', help: 'HTTP port (default 8080; 0 = any)' },
+  { names: ['--rpc-port'], key: 'rpc_port', kind: 'int', help: 'merged ggml-RPC + Hydra port (default 0 = off)' },
+  { names: ['--control-allow-from'], key: 'control_allow_from', kind: 'list', help: 'CIDR list allowed on --rpc-port (default loopback)' },
+  { names: ['--api-key'], key: 'api_key', kind: 'string', help: 'require "Authorization: Bearer KEY" on the API' },
+  { names: ['-c', '--ctx-size'], key: 'n_ctx', kind: 'int', help: 'context size, all slots together (0 = from the model)' },
+  { names: ['-b', '--batch-size'], key: 'n_batch', kind: 'int', help: 'logical batch size' },
+  { names: ['-ub', '--ubatch-size'], key: 'n_ubatch', kind: 'int', help: 'physical batch size' },
+  { names: ['-np', '--parallel'], key: 'n_parallel', kind: 'int', help: 'slots (sequences decoded together)' },
+  { names: ['-t', '--threads'], key: 'cpuparams.n_threads', kind: 'int', help: 'CPU threads for generation' },
+  { names: ['-tb', '--threads-batch'], key: 'cpuparams_batch.n_threads', kind: 'int', help: 'CPU threads for prompts' },
+  { names: ['-fa', '--flash-attn'], key: 'flash_attn', kind: 'string', bare: 'on', values: ['on', 'off', 'auto'], help: 'flash attention on|off|auto' },
+  { names: ['-ctk', '--cache-type-k'], key: 'cache_type_k', kind: 'string', help: 'KV cache type for K' },
+  { names: ['-ctv', '--cache-type-v'], key: 'cache_type_v', kind: 'string', help: 'KV cache type for V' },
+  { names: ['-ngl', '--n-gpu-layers', '--gpu-layers'], key: 'n_gpu_layers', kind: 'int', help: 'layers to offload (counting the output layer)' },
+  { names: ['-sm', '--split-mode'], key: 'split_mode', kind: 'string', help: 'none|layer|row' },
+  { names: ['-ts', '--tensor-split'], key: 'tensor_split', kind: 'numbers', help: 'split proportions, e.g. 3,1' },
+  { names: ['-mg', '--main-gpu'], key: 'main_gpu', kind: 'int', help: 'main device index' },
+  { names: ['-dev', '--device'], key: 'devices', kind: 'list', help: 'devices to offload to, e.g. CUDA0,RPC0' },
+  { names: ['--rpc'], key: 'rpc_servers', kind: 'list', help: 'ggml-RPC peers host:port,...' },
+  { names: ['-ot', '--override-tensor'], key: 'override_tensors', kind: 'repeat', help: '<regex>=<buffer type>,... (repeatable)' },
+  { names: ['--n-cpu-moe', '-ncmoe'], key: 'n_cpu_moe', kind: 'int', help: 'keep the experts of the first N layers on the CPU' },
+  { names: ['--override-kv'], key: 'kv_overrides', kind: 'repeat', help: 'KEY=TYPE:VALUE (repeatable)' },
+  { names: ['--mlock'], key: 'use_mlock', kind: 'flag', bare: true, help: 'lock the model in RAM' },
+  { names: ['--no-mmap'], key: 'use_mmap', kind: 'flag', bare: false, help: 'read the model instead of mapping it' },
+  { names: ['-s', '--seed'], key: 'seed', kind: 'int', help: 'default sampling seed (-1 = random)' },
+  { names: ['-n', '--n-predict'], key: 'n_predict', kind: 'int', help: 'default max tokens (-1 = until the context is full)' },
+  { names: ['--temp'], key: 'sampling.temp', kind: 'number', help: 'default temperature' },
+  { names: ['--top-k'], key: 'sampling.top_k', kind: 'int', help: 'default top-k' },
+  { names: ['--top-p'], key: 'sampling.top_p', kind: 'number', help: 'default top-p' },
+  { names: ['--min-p'], key: 'sampling.min_p', kind: 'number', help: 'default min-p' },
+  { names: ['--repeat-penalty'], key: 'sampling.penalty_repeat', kind: 'number', help: 'default repeat penalty' },
+  { names: ['--repeat-last-n'], key: 'sampling.penalty_last_n', kind: 'int', help: 'tokens the repeat penalty looks back' },
+  { names: ['--config'], key: '@config', kind: 'string', help: 'YAML file: startup defaults (common_params keys), models:, hydra:' },
+  { names: ['--max-queue'], key: '@maxQueue', kind: 'int', help: 'requests waiting for a slot before 429 (default 64)' },
+  { names: ['--max-body-bytes'], key: '@maxBodyBytes', kind: 'int', help: 'largest request body (default 8 MiB)' },
+  { names: ['--body-timeout-ms'], key: '@bodyTimeoutMs', kind: 'int', help: 'time allowed to send a request body (default 10000)' },
+  { names: ['--progress'], key: '@progress', kind: 'string', values: ['auto', 'bar', 'lines', 'off'], help: 'load progress: auto|bar|lines|off' },
+  { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
+  { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
+];
+
+/** Help text for `hydra-engine [serve]`. */
+export function usage(): string {
+  const rows = FLAGS.map((f) => `  ${f.names.join(', ').padEnd(34)} ${f.help}`);
+  return [
+    'usage: hydra-engine [serve] [flags]',
+    '       hydra-engine synth-model --out FILE [--arch ..] [--shape ..] [--quant ..] [--seed N]',
+    '       hydra-engine plan --model FILE --device NAME=FREE_MIB ... [--ctx N] [--cache-type-k T] [--json]',
+    '       hydra-engine bench-client --url URL [--requests N] [--concurrency N] [--max-tokens N]',
+    '       hydra-engine demo',
+    '',
+    'flags (llama.cpp names; also --flag=value):',
+    ...rows,
+  ].join('\n');
+}
+
+function bad(flag: string, message: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_ARGUMENT', message, { keys: [flag] });
+}
+
+function convert(spec: FlagSpec, flag: string, raw: string): unknown {
+  switch (spec.kind) {
+    case 'int': {
+      if (!/^-?\d+$/.test(raw)) throw bad(flag, `${flag} needs an integer, got ${JSON.stringify(raw)}`);
+      return Number(raw);
+    }
+    case 'number': {
+      const n = Number(raw);
+      if (raw.trim() === '' || !Number.isFinite(n)) throw bad(flag, `${flag} needs a number, got ${JSON.stringify(raw)}`);
+      return n;
+    }
+    case 'numbers':
+      return raw.split(/[,/]/).map((s) => convert({ ...spec, kind: 'number' }, flag, s));
+    case 'list':
+    case 'repeat':
+      return raw.split(',').filter((s) => s.length > 0);
+    default:
+      if (spec.values && !spec.values.includes(raw)) {
+        throw bad(flag, `${flag} must be one of ${spec.values.join(', ')}, got ${JSON.stringify(raw)}`);
+      }
+      return raw;
+  }
+}
+
+/** Parses flags into raw values keyed by field key (`@`-keys are engine settings). */
+export function parseFlags(argv: readonly string[]): Map<string, unknown> {
+  const out = new Map<string, unknown>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
+    const name = eq > 0 ? arg.slice(0, eq) : arg;
+    const spec = FLAGS.find((f) => f.names.includes(name));
+    if (!spec) throw bad(name, arg.startsWith('-') ? `unknown flag ${name}` : `unexpected argument ${JSON.stringify(arg)}`);
+    let value: unknown;
+    if (spec.kind === 'flag') {
+      if (eq > 0) throw bad(name, `${name} takes no value`);
+      value = spec.bare;
+    } else {
+      let raw: string | undefined;
+      if (eq > 0) raw = arg.slice(eq + 1);
+      else {
+        const next = argv[i + 1];
+        const looksLikeValue = next !== undefined && (!next.startsWith('-') || /^-\d/.test(next));
+        if (spec.bare !== undefined && (!looksLikeValue || (spec.values && !spec.values.includes(next!)))) raw = undefined;
+        else if (looksLikeValue) {
+          raw = next;
+          i++;
+        }
+      }
+      if (raw === undefined) {
+        if (spec.bare === undefined) throw bad(name, `${name} needs a value`);
+        value = spec.bare;
+      } else value = convert(spec, name, raw);
+    }
+    if (spec.kind === 'repeat') {
+      out.set(spec.key, [...((out.get(spec.key) as string[]) ?? []), ...(value as string[])]);
+    } else {
+      if (out.has(spec.key)) throw bad(name, `${name} given twice`);
+      out.set(spec.key, value);
+    }
+  }
+  return out;
+}
+
+function configError(file: string, message: string, cause?: unknown): HydraError {
+  return new HydraError('HYDRA_ERR_CONFIG_INVALID', `${file}: ${message}`, { keys: [file], cause });
+}
+
+/** Reads the `--config` YAML: common_params keys (nested or dotted), `models:` and `hydra:`. */
+export function readConfigFile(file: string): { params: Params; registry: ModelRegistry | undefined; hydra: Record<string, unknown> } {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw configError(file, `cannot read: ${(err as Error).message}`, err);
+  }
+  let doc: unknown;
+  try {
+    doc = parseYaml(text) ?? {};
+  } catch (err) {
+    throw configError(file, (err as Error).message, err);
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) throw configError(file, 'the top level must be a map');
+  const { models, hydra, ...rest } = doc as Record<string, unknown>;
+  let registry: ModelRegistry | undefined;
+  if (models !== undefined) {
+    try {
+      registry = ModelRegistry.parse(text, file);
+    } catch (err) {
+      throw configError(file, (err as Error).message, err);
+    }
+  }
+  if (hydra !== undefined && (typeof hydra !== 'object' || hydra === null || Array.isArray(hydra))) {
+    throw configError(file, 'hydra: must be a map');
+  }
+  let params: Params;
+  try {
+    params = normalize(rest, { allowT4: true });
+  } catch (err) {
+    const e = err as HydraError;
+    throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${file}: ${e.message}`, { keys: e.keys ?? [], cause: err });
+  }
+  return { params, registry, hydra: (hydra as Record<string, unknown>) ?? {} };
+}
+
+const SETTING_KEYS: Record<string, keyof ServeSettings> = {
+  '@maxQueue': 'maxQueue',
+  '@maxBodyBytes': 'maxBodyBytes',
+  '@bodyTimeoutMs': 'bodyTimeoutMs',
+  '@progress': 'progress',
+  max_queue: 'maxQueue',
+  max_body_bytes: 'maxBodyBytes',
+  body_timeout_ms: 'bodyTimeoutMs',
+  progress: 'progress',
+};
+
+/**
+ * Parses `hydra-engine serve` flags and the `--config` file into the startup configuration layer
+ * (CLI flags win over the file) and the engine's own settings. Every error is a HydraError with
+ * `HYDRA_ERR_BAD_ARGUMENT` or `HYDRA_ERR_CONFIG_INVALID` (the CLI exits 2 on both).
+ */
+export function parseServeArgs(argv: readonly string[]): ServeArgs {
+  const flags = parseFlags(argv);
+  const settings: ServeSettings = { maxQueue: 64, maxBodyBytes: 8 << 20, bodyTimeoutMs: 10_000, progress: 'auto' };
+  const file = flags.get('@config') as string | undefined;
+  let fromFile: Params = {};
+  let registry: ModelRegistry | undefined;
+  const applySetting = (key: string, value: unknown, where: string) => {
+    const name = SETTING_KEYS[key];
+    if (!name) throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: unknown setting ${key}`, { keys: [key] });
+    if (name === 'progress') {
+      if (!['auto', 'bar', 'lines', 'off'].includes(value as string)) {
+        throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: progress must be auto|bar|lines|off`, { keys: [key] });
+      }
+      settings.progress = value as ServeSettings['progress'];
+      return;
+    }
+    const min = name === 'maxQueue' ? 0 : 1;
+    if (!Number.isInteger(value) || (value as number) < min) {
+      const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
+      throw new HydraError(code, `${where}: ${key.replace('@', '')} must be an integer >= ${min}`, { keys: [key] });
+    }
+    settings[name] = value as never;
+  };
+  if (file !== undefined) {
+    const cfg = readConfigFile(file);
+    fromFile = cfg.params;
+    registry = cfg.registry;
+    for (const [k, v] of Object.entries(cfg.hydra)) applySetting(k, v, `${file}: hydra`);
+  }
+  const fromCli: Record<string, unknown> = {};
+  for (const [k, v] of flags) {
+    if (k === '@config' || k === '@help' || k === '@version') continue;
+    if (k.startsWith('@')) applySetting(k, v, 'flags');
+    else fromCli[k] = v;
+  }
+  let cli: Params;
+  try {
+    cli = normalize(fromCli, { allowT4: true });
+  } catch (err) {
+    const e = err as HydraError;
+    const keys = (e.keys ?? []).map((k) => FLAGS.find((f) => f.key === k)?.names.at(-1) ?? k);
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `bad flag value: ${e.message}`, { keys, cause: err });
+  }
+  // The merged port is off unless asked for (the registry's default is llama.cpp's 50052).
+  const startup: Params = { rpc_port: 0, ...fromFile, ...cli };
+  return {
+    layers: new ConfigLayers(startup),
+    registry,
+    settings,
+    help: flags.has('@help'),
+    version: flags.has('@version'),
+  };
+}

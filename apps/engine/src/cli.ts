@@ -1,0 +1,73 @@
+#!/usr/bin/env node
+import { runSynthCli } from '@hydra-engine/native-ggml/synth';
+import { parseServeArgs, usage } from './args.js';
+import { runDemo } from './demo.js';
+import { HydraError } from './errors.js';
+import { ENGINE_VERSION, type StartOptions, startEngine } from './serve.js';
+import { runBenchClient, runPlan } from './tools.js';
+
+const USAGE_CODES = new Set(['HYDRA_ERR_BAD_ARGUMENT', 'HYDRA_ERR_CONFIG_INVALID']);
+
+/**
+ * Runs `hydra-engine` with `argv` (without node and script). Resolves with the exit code for
+ * one-shot commands; `serve` keeps running until SIGINT/SIGTERM.
+ */
+export async function main(argv: readonly string[], startOptions: StartOptions = {}): Promise<number> {
+  const io = { stdout: process.stdout, stderr: process.stderr };
+  const [cmd, ...rest] = argv;
+  try {
+    switch (cmd) {
+      case 'synth-model':
+        await runSynthCli(rest, io);
+        return 0;
+      case 'plan':
+        await runPlan(rest, io);
+        return 0;
+      case 'bench-client':
+        await runBenchClient(rest, io);
+        return 0;
+      case 'demo':
+        await runDemo(rest, io);
+        return 0;
+    }
+    const args = parseServeArgs(cmd === 'serve' ? rest : argv);
+    if (args.help) {
+      io.stdout.write(`${usage()}\n`);
+      return 0;
+    }
+    if (args.version) {
+      io.stdout.write(`hydra-engine ${ENGINE_VERSION}\n`);
+      return 0;
+    }
+    const running = await startEngine(args, startOptions);
+    let stopping = false;
+    const stop = (signal: string) => {
+      if (stopping) return;
+      stopping = true;
+      io.stderr.write(`hydra-engine: ${signal}, shutting down\n`);
+      running.close().then(
+        () => process.exit(0),
+        (err) => {
+          io.stderr.write(`hydra-engine: shutdown failed: ${(err as Error).message}\n`);
+          process.exit(1);
+        },
+      );
+    };
+    process.on('SIGINT', () => stop('SIGINT'));
+    process.on('SIGTERM', () => stop('SIGTERM'));
+    return await new Promise<number>(() => {});
+  } catch (err) {
+    const code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
+    io.stderr.write(`hydra-engine: ${code}: ${(err as Error).message}\n`);
+    if (USAGE_CODES.has(code)) {
+      io.stderr.write('run `hydra-engine --help` for the flags\n');
+      return 2;
+    }
+    return 1;
+  }
+}
+
+const isEntry = process.argv[1] !== undefined && /cli\.(c|m)?js$/.test(process.argv[1]);
+if (isEntry || (globalThis as { __HYDRA_SEA__?: boolean }).__HYDRA_SEA__) {
+  main(process.argv.slice(2)).then((code) => process.exit(code));
+}

@@ -1,0 +1,378 @@
+import { randomUUID } from 'node:crypto';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { normalize } from '@hydra-engine/tiering';
+import { type Engine, type GenerationParams, type GenerationResult, samplerParamsFrom } from './engine.js';
+import { HydraError } from './errors.js';
+
+export interface HttpOptions {
+  engine: Engine;
+  apiKey?: string;
+  maxBodyBytes: number;
+  bodyTimeoutMs: number;
+  /** Prometheus text for `/metrics`. */
+  metrics: () => string;
+  modelId?: () => string;
+}
+
+const STATUS_BY_CODE: Record<string, number> = {
+  HYDRA_ERR_NO_MODEL: 503,
+  HYDRA_ERR_LOADING: 503,
+  HYDRA_ERR_DRAINING: 503,
+  HYDRA_ERR_BAD_JSON: 400,
+  HYDRA_ERR_BAD_REQUEST: 400,
+  HYDRA_ERR_BAD_VALUE: 400,
+  HYDRA_ERR_UNKNOWN_KEY: 400,
+  HYDRA_ERR_PROMPT_TOO_LONG: 400,
+  HYDRA_ERR_BODY_TOO_LARGE: 413,
+  HYDRA_ERR_REQUEST_TIMEOUT: 408,
+  HYDRA_ERR_QUEUE_FULL: 429,
+  HYDRA_ERR_UNAUTHORIZED: 401,
+  HYDRA_ERR_NOT_FOUND: 404,
+  HYDRA_ERR_METHOD_NOT_ALLOWED: 405,
+};
+
+function errorType(status: number): string {
+  if (status === 401) return 'authentication_error';
+  if (status === 404) return 'not_found_error';
+  if (status === 429) return 'rate_limit_error';
+  if (status >= 500) return 'server_error';
+  return 'invalid_request_error';
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
+  res.end(text);
+}
+
+function sendError(res: ServerResponse, err: unknown, headers: Record<string, string> = {}): void {
+  const code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
+  const status = STATUS_BY_CODE[code] ?? 500;
+  const message = err instanceof Error ? err.message : String(err);
+  const keys = err instanceof HydraError ? err.keys : undefined;
+  if (res.headersSent) return;
+  sendJson(res, status, { error: { message, type: errorType(status), code, ...(keys?.length ? { keys } : {}) } }, headers);
+}
+
+/** Reads a JSON body with a size cap (413) and a deadline (408). */
+function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > maxBytes) {
+      reject(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body is ${declared} bytes; the limit is ${maxBytes}`));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let done = false;
+    const finish = (err: HydraError | undefined, value?: unknown) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      if (err) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(err);
+      } else resolve(value);
+    };
+    const timer = setTimeout(
+      () => finish(new HydraError('HYDRA_ERR_REQUEST_TIMEOUT', `the request body did not arrive within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > maxBytes) {
+        finish(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body exceeds the limit of ${maxBytes} bytes`));
+        return;
+      }
+      chunks.push(chunk);
+    });
+    req.on('end', () => {
+      const text = Buffer.concat(chunks).toString('utf8');
+      try {
+        finish(undefined, JSON.parse(text));
+      } catch (err) {
+        finish(new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`));
+      }
+    });
+    req.on('error', (err) => finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)));
+  });
+}
+
+function badRequest(message: string, key?: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_REQUEST', message, key ? { keys: [key] } : {});
+}
+
+/** Request fields mapped to registry keys, validated by tiering like any T1 delta. */
+const T1_FIELDS: Record<string, string> = {
+  temperature: 'sampling.temp',
+  top_p: 'sampling.top_p',
+  top_k: 'sampling.top_k',
+  min_p: 'sampling.min_p',
+  typical_p: 'sampling.typ_p',
+  repeat_penalty: 'sampling.penalty_repeat',
+  repeat_last_n: 'sampling.penalty_last_n',
+  frequency_penalty: 'sampling.penalty_freq',
+  presence_penalty: 'sampling.penalty_present',
+  seed: 'seed',
+  max_tokens: 'n_predict',
+  max_completion_tokens: 'n_predict',
+  n_predict: 'n_predict',
+  ignore_eos: 'sampling.ignore_eos',
+};
+
+/** Validates a request's T1 settings and merges them over the configuration in force. */
+export function generationParams(engine: Engine, body: Record<string, unknown>): GenerationParams {
+  const delta: Record<string, unknown> = {};
+  for (const [field, key] of Object.entries(T1_FIELDS)) {
+    const v = body[field];
+    if (v === undefined || v === null) continue;
+    if (key === 'seed' && v === -1) {
+      delta[key] = -1;
+      continue;
+    }
+    delta[key] = v;
+  }
+  let t1: Record<string, unknown>;
+  try {
+    t1 = normalize(delta);
+  } catch (err) {
+    const e = err as HydraError;
+    const back = (k: string) => Object.entries(T1_FIELDS).find(([f, key]) => key === k && body[f] !== undefined)?.[0] ?? k;
+    throw new HydraError('HYDRA_ERR_BAD_VALUE', e.message, { keys: (e.keys ?? []).map(back), cause: err });
+  }
+  const cfg = { ...engine.layers.effective(), ...t1 };
+  let stop: string[] = [];
+  if (typeof body.stop === 'string') stop = [body.stop];
+  else if (Array.isArray(body.stop)) {
+    if (!body.stop.every((s) => typeof s === 'string') || body.stop.length > 16) {
+      throw badRequest('stop must be a string or an array of at most 16 strings', 'stop');
+    }
+    stop = body.stop as string[];
+  } else if (body.stop !== undefined && body.stop !== null) throw badRequest('stop must be a string or an array of strings', 'stop');
+  stop = stop.filter((s) => s.length > 0);
+  const n = body.n;
+  if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n');
+  const nPredict = cfg.n_predict as number;
+  return {
+    maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : nPredict,
+    stop,
+    sampler: samplerParamsFrom(cfg),
+    ignoreEos: cfg['sampling.ignore_eos'] as boolean,
+  };
+}
+
+function chatMessages(body: Record<string, unknown>): { role: string; content: string }[] {
+  const messages = body.messages;
+  if (!Array.isArray(messages) || messages.length === 0) throw badRequest('messages must be a non-empty array', 'messages');
+  return messages.map((m, i) => {
+    if (typeof m !== 'object' || m === null) throw badRequest(`messages[${i}] must be an object`, 'messages');
+    const { role, content } = m as Record<string, unknown>;
+    if (typeof role !== 'string' || role.length === 0) throw badRequest(`messages[${i}].role must be a string`, 'messages');
+    let text: string;
+    if (typeof content === 'string') text = content;
+    else if (content === null || content === undefined) text = '';
+    else if (Array.isArray(content)) {
+      text = content
+        .map((part, j) => {
+          const p = part as Record<string, unknown>;
+          if (p?.type !== 'text' || typeof p.text !== 'string') {
+            throw badRequest(`messages[${i}].content[${j}]: only text parts are supported`, 'messages');
+          }
+          return p.text;
+        })
+        .join('');
+    } else throw badRequest(`messages[${i}].content must be a string or an array of text parts`, 'messages');
+    return { role, content: text };
+  });
+}
+
+/** The OpenAI-compatible HTTP API, `/health` and `/metrics`, on node:http. */
+export class HttpApi {
+  readonly #opts: HttpOptions;
+  readonly #server: Server;
+
+  constructor(options: HttpOptions) {
+    this.#opts = options;
+    this.#server = createServer((req, res) => {
+      this.#route(req, res).catch((err) => sendError(res, err));
+    });
+    // Headers must arrive promptly too; Node answers 408 itself when they do not.
+    this.#server.headersTimeout = Math.max(options.bodyTimeoutMs, 1000);
+    this.#server.requestTimeout = 0;
+    this.#server.keepAliveTimeout = 5000;
+  }
+
+  listen(port: number, host: string): Promise<AddressInfo> {
+    return new Promise((resolve, reject) => {
+      this.#server.once('error', reject);
+      this.#server.listen(port, host, () => {
+        this.#server.off('error', reject);
+        resolve(this.#server.address() as AddressInfo);
+      });
+    });
+  }
+
+  close(): Promise<void> {
+    return new Promise((resolve) => {
+      this.#server.close(() => resolve());
+      this.#server.closeIdleConnections();
+      setTimeout(() => this.#server.closeAllConnections(), 2000).unref();
+    });
+  }
+
+  #epochHeader(): Record<string, string> {
+    return { 'x-hydra-config-epoch': String(this.#opts.engine.epoch) };
+  }
+
+  async #route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? '/', 'http://x');
+    const path = url.pathname.replace(/\/+$/, '') || '/';
+    const { engine } = this.#opts;
+    if (path === '/health' && req.method === 'GET') {
+      const state = engine.state;
+      const body = {
+        status: state === 'ready' ? 'ok' : state,
+        state,
+        epoch: engine.epoch,
+        slots: engine.slots,
+        queue: engine.queueDepth,
+        ...(engine.placement ? { placement: engine.placement.rows } : {}),
+      };
+      sendJson(res, state === 'error' ? 503 : 200, body, this.#epochHeader());
+      return;
+    }
+    if (path === '/metrics' && req.method === 'GET') {
+      const text = this.#opts.metrics();
+      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', ...this.#epochHeader() });
+      res.end(text);
+      return;
+    }
+    const routes = ['/v1/models', '/models', '/v1/chat/completions', '/chat/completions', '/v1/completions', '/completions'];
+    if (!routes.includes(path)) {
+      req.resume();
+      sendError(res, new HydraError('HYDRA_ERR_NOT_FOUND', `no route ${req.method} ${path}`));
+      return;
+    }
+    if (this.#opts.apiKey) {
+      const auth = req.headers.authorization ?? '';
+      if (auth !== `Bearer ${this.#opts.apiKey}`) {
+        req.resume();
+        sendError(res, new HydraError('HYDRA_ERR_UNAUTHORIZED', 'missing or wrong API key'));
+        return;
+      }
+    }
+    if (path.endsWith('/models')) {
+      if (req.method !== 'GET') return this.#methodNotAllowed(req, res);
+      const id = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : undefined;
+      const data = id
+        ? [{ id, object: 'model', created: 0, owned_by: 'hydra-engine', meta: engine.model?.info ?? null }]
+        : [];
+      sendJson(res, 200, { object: 'list', data }, this.#epochHeader());
+      return;
+    }
+    if (req.method !== 'POST') return this.#methodNotAllowed(req, res);
+    const body = await readJson(req, this.#opts.maxBodyBytes, this.#opts.bodyTimeoutMs).catch((err) => {
+      sendError(res, err, { connection: 'close' });
+      return undefined;
+    });
+    if (body === undefined) return;
+    if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+      sendError(res, badRequest('the body must be a JSON object'));
+      return;
+    }
+    await this.#complete(req, res, body as Record<string, unknown>, path.endsWith('/chat/completions'));
+  }
+
+  #methodNotAllowed(req: IncomingMessage, res: ServerResponse): void {
+    req.resume();
+    sendError(res, new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed here`));
+  }
+
+  async #complete(req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>, chat: boolean): Promise<void> {
+    const { engine } = this.#opts;
+    const stream = body.stream === true;
+    if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('stream must be a boolean', 'stream');
+    let promptText: string;
+    if (chat) {
+      const messages = chatMessages(body);
+      promptText = engine.chatPrompt(messages);
+    } else {
+      if (typeof body.prompt !== 'string') throw badRequest('prompt must be a string', 'prompt');
+      promptText = body.prompt;
+    }
+    const params = generationParams(engine, body);
+    const prompt = engine.tokenize(promptText);
+    const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
+    const created = Math.floor(Date.now() / 1000);
+    const model = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : '';
+    const abort = new AbortController();
+    const includeUsage = (body.stream_options as Record<string, unknown> | undefined)?.include_usage === true;
+    const onClose = () => {
+      if (!res.writableFinished) abort.abort();
+    };
+    res.on('close', onClose);
+    const epochHeaders = this.#epochHeader();
+    let onText: ((t: string) => void) | undefined;
+    const chunk = (delta: Record<string, unknown>, finish: string | null) =>
+      chat
+        ? { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason: finish }] }
+        : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }] };
+    const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+    if (stream) {
+      let first = true;
+      onText = (text) => {
+        if (!res.headersSent) {
+          res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...epochHeaders });
+        }
+        write(chunk(first && chat ? { role: 'assistant', content: text } : { content: text }, null));
+        first = false;
+      };
+    }
+    // Admission errors throw here, before any byte of the response.
+    const pending = engine.submit(prompt, params, { signal: abort.signal, ...(onText ? { onText } : {}) });
+    let result: GenerationResult;
+    try {
+      result = await pending;
+    } catch (err) {
+      if (res.headersSent) {
+        const e = err as HydraError;
+        write({ error: { message: e.message, code: e.code ?? 'HYDRA_ERR_INTERNAL' } });
+        res.end();
+        return;
+      }
+      throw err;
+    } finally {
+      res.off('close', onClose);
+    }
+    if (result.finishReason === 'cancelled') {
+      res.destroy();
+      return;
+    }
+    const usage = {
+      prompt_tokens: result.promptTokens,
+      completion_tokens: result.completionTokens,
+      total_tokens: result.promptTokens + result.completionTokens,
+    };
+    const headers = { 'x-hydra-config-epoch': String(result.epoch) };
+    if (stream) {
+      if (!res.headersSent) {
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...headers });
+      }
+      write(chunk(chat ? {} : { content: '' }, result.finishReason));
+      if (includeUsage) write({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage });
+      res.end('data: [DONE]\n\n');
+      return;
+    }
+    const choice = chat
+      ? { index: 0, message: { role: 'assistant', content: result.text }, finish_reason: result.finishReason, logprobs: null }
+      : { index: 0, text: result.text, finish_reason: result.finishReason, logprobs: null };
+    sendJson(
+      res,
+      200,
+      { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices: [choice], usage },
+      headers,
+    );
+  }
+}

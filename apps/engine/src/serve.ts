@@ -1,0 +1,153 @@
+import { basename } from 'node:path';
+import { HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
+import { detachFd, initBackend, peekFirstByte, rpcWorkerPath, shutdownFd } from '@hydra-engine/native-ggml';
+import type { ServeArgs } from './args.js';
+import { Engine } from './engine.js';
+import { HydraError } from './errors.js';
+import { HttpApi } from './http.js';
+import { renderMetrics } from './metrics.js';
+import { formatPlacement } from './placement.js';
+
+/** The version reported by HELLO and `--version`. */
+export const ENGINE_VERSION = '0.1.0';
+
+export interface RunningEngine {
+  engine: Engine;
+  http: HttpApi;
+  port: HydraPort | undefined;
+  httpPort: number;
+  rpcPort: number | undefined;
+  /** Settles when the start-up model load (if any) ends; never rejects. */
+  loaded: Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface StartOptions {
+  /** Where progress and log lines go (default stderr). */
+  log?: { write(text: string): unknown; isTTY?: boolean };
+  /** Path of the rpc worker module; the single executable ships its own bundle. */
+  rpcWorkerFilename?: string;
+}
+
+function progressPrinter(mode: ServeArgs['settings']['progress'], out: { write(t: string): unknown; isTTY?: boolean }) {
+  const bar = mode === 'bar' || (mode === 'auto' && out.isTTY === true);
+  if (mode === 'off') return undefined;
+  let lastLine = -1;
+  return (p: number) => {
+    const pct = Math.floor(p * 100);
+    if (bar) {
+      const width = 30;
+      const filled = Math.round(p * width);
+      out.write(`\rloading model [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${String(pct).padStart(3)}%${p >= 1 ? '\n' : ''}`);
+    } else if (pct >= lastLine + 10 || (p >= 1 && lastLine < 100)) {
+      lastLine = pct >= 100 ? 100 : pct - (pct % 10);
+      out.write(`hydra-engine: loading model ${pct}%\n`);
+    }
+  };
+}
+
+/**
+ * Starts the engine: HTTP at once (model-less boot answers `/health` immediately), the merged port
+ * when `rpc_port` is set, then the start-up model load in the background.
+ */
+export async function startEngine(args: ServeArgs, options: StartOptions = {}): Promise<RunningEngine> {
+  const log = options.log ?? process.stderr;
+  const t4 = args.layers.startOnly();
+  const info = (m: string) => log.write(`${m}\n`);
+  const engine = new Engine({
+    layers: args.layers,
+    maxQueue: args.settings.maxQueue,
+    ...(args.registry ? { registry: args.registry } : {}),
+    logger: { info, warn: info },
+  });
+  const apiKey = t4.api_key as string;
+  let port: HydraPort | undefined;
+  const http = new HttpApi({
+    engine,
+    ...(apiKey ? { apiKey } : {}),
+    maxBodyBytes: args.settings.maxBodyBytes,
+    bodyTimeoutMs: args.settings.bodyTimeoutMs,
+    metrics: () => renderMetrics(engine, port?.stats()),
+    modelId: () => basename(engine.modelPath ?? ''),
+  });
+  const host = t4.host as string;
+  const address = await http.listen(t4.port as number, host);
+  info(`hydra-engine: HTTP on http://${host}:${address.port} (state ${engine.state})`);
+  let rpcPort: number | undefined;
+  const wantedRpc = t4.rpc_port as number;
+  if (wantedRpc > 0) {
+    initBackend();
+    port = new HydraPort({
+      host,
+      port: wantedRpc,
+      allowFrom: (t4.control_allow_from as string[]).map((c) => c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8')),
+      native: { peekFirstByte, detachFd, shutdownFd },
+      rpcWorker: { filename: options.rpcWorkerFilename ?? rpcWorkerPath },
+      logger: { info, warn: info, error: info },
+    });
+    port.handle('HELLO', () => ({
+      protocol: 1,
+      engine: { name: 'hydra-engine', version: ENGINE_VERSION },
+      ggml_rpc: { major: 6, minor: 0, patch: 0 },
+      opcodes: Object.values(OPCODES).filter((o) => o !== OPCODES.PIPELINE_ATTACH),
+      devices: engine.devices().map(({ name, description, free, total }) => ({ name, description, free, total })),
+    }));
+    port.handle('STATUS', () => statusOf(engine));
+    try {
+      rpcPort = (await port.listen()).port;
+    } catch (err) {
+      await http.close();
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `cannot listen on --rpc-port ${wantedRpc}: ${(err as Error).message}`, {
+        keys: ['--rpc-port'],
+        cause: err,
+      });
+    }
+    info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
+  }
+  let loaded: Promise<void> = Promise.resolve();
+  if (args.layers.get('model')) {
+    const onProgress = progressPrinter(args.settings.progress, log);
+    loaded = engine
+      .load(onProgress ? { onProgress } : {})
+      .then(() => {
+        const m = engine.model!.info;
+        info(
+          `hydra-engine: model ready: ${engine.modelPath} (${m.arch}, ${m.nLayer} layers, ${engine.slots.total} slots of ` +
+            `${engine.slots.nCtxSeq} tokens) in ${engine.counters.loadSeconds.toFixed(2)} s, epoch ${engine.epoch}`,
+        );
+        for (const line of formatPlacement(engine.placement ?? { nLayer: 0, rows: [] })) info(`hydra-engine:   ${line}`);
+      })
+      .catch((err: HydraError) => void info(`hydra-engine: ${err.code ?? 'HYDRA_ERR_LOAD_FAILED'}: ${err.message}`));
+  }
+  return {
+    engine,
+    http,
+    port,
+    httpPort: address.port,
+    rpcPort,
+    loaded,
+    async close() {
+      await http.close();
+      await engine.close();
+      await port?.close();
+    },
+  };
+}
+
+/** The Hydra STATUS reply (protocol.md). */
+export function statusOf(engine: Engine) {
+  const m = engine.model?.info;
+  return {
+    state: engine.state,
+    model: m
+      ? { path: engine.modelPath ?? '', arch: m.arch, n_layer: m.nLayer, n_params: m.nParams, size: m.size, n_ctx_train: m.nCtxTrain }
+      : null,
+    mode: (engine.layers.get('rpc_servers') as string[]).length > 0 ? ('combined' as const) : ('solo' as const),
+    epoch: engine.epoch,
+    applied: engine.layers.overrides(),
+    deferred_keys: [] as string[],
+    slots: { total: engine.slots.total, busy: engine.slots.busy },
+    devices: engine.devices().map(({ name, description, free, total }) => ({ name, description, free, total })),
+    ...(engine.placement ? { placement: engine.placement.rows } : {}),
+  };
+}

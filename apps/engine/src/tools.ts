@@ -1,0 +1,160 @@
+import { existsSync } from 'node:fs';
+import { HydraError } from './errors.js';
+import { fileSource } from './placement.js';
+import { formatPlanTable, modelFactsFromGguf, planSplit, planToJSON, readGguf } from '@hydra-engine/resolver';
+
+type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
+
+function takeFlags(argv: readonly string[], known: Record<string, 'value' | 'flag' | 'repeat'>): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
+    const name = eq > 0 ? arg.slice(0, eq) : arg;
+    const kind = known[name];
+    if (!kind) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `unknown flag ${name}`, { keys: [name] });
+    let value = 'true';
+    if (kind !== 'flag') {
+      const v = eq > 0 ? arg.slice(eq + 1) : argv[++i];
+      if (v === undefined || v === '') throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} needs a value`, { keys: [name] });
+      value = v;
+    }
+    if (kind !== 'repeat' && out.has(name)) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} given twice`, { keys: [name] });
+    out.set(name, [...(out.get(name) ?? []), value]);
+  }
+  return out;
+}
+
+function intFlag(flags: Map<string, string[]>, name: string, fallback: number, min = 0): number {
+  const raw = flags.get(name)?.[0];
+  if (raw === undefined) return fallback;
+  if (!/^-?\d+$/.test(raw) || Number(raw) < min) {
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} must be an integer >= ${min}, got ${raw}`, { keys: [name] });
+  }
+  return Number(raw);
+}
+
+/** `hydra-engine plan`: the resolver's split plan for a GGUF over named devices. */
+export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
+  const flags = takeFlags(argv, {
+    '--model': 'value', '-m': 'value', '--device': 'repeat', '--ctx': 'value', '-c': 'value',
+    '--cache-type-k': 'value', '--cache-type-v': 'value', '--parallel': 'value', '-np': 'value',
+    '-ngl': 'value', '--n-gpu-layers': 'value', '-ts': 'value', '--tensor-split': 'value', '--json': 'flag',
+  });
+  const model = flags.get('--model')?.[0] ?? flags.get('-m')?.[0];
+  if (!model) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs --model FILE', { keys: ['--model'] });
+  if (!existsSync(model)) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `no such model file: ${model}`, { keys: ['--model'] });
+  const devices = (flags.get('--device') ?? []).map((d) => {
+    const m = /^([^=]+)=(\d+(?:\.\d+)?)$/.exec(d);
+    if (!m) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `--device must be NAME=FREE_MIB, got ${d}`, { keys: ['--device'] });
+    return { name: m[1]!, freeBytes: Math.round(Number(m[2]) * 1024 * 1024) };
+  });
+  if (devices.length === 0) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs at least one --device NAME=FREE_MIB', { keys: ['--device'] });
+  const src = await fileSource(model);
+  let facts: ReturnType<typeof modelFactsFromGguf>;
+  try {
+    facts = modelFactsFromGguf(await readGguf(src));
+  } finally {
+    await src.close();
+  }
+  const ts = flags.get('-ts')?.[0] ?? flags.get('--tensor-split')?.[0];
+  const ngl = flags.get('-ngl')?.[0] ?? flags.get('--n-gpu-layers')?.[0];
+  const plan = planSplit(facts, {
+    devices,
+    nCtx: intFlag(flags, flags.has('-c') ? '-c' : '--ctx', 4096, 1),
+    nParallel: intFlag(flags, flags.has('-np') ? '-np' : '--parallel', 1, 1),
+    ...(flags.has('--cache-type-k') ? { cacheTypeK: flags.get('--cache-type-k')![0]! } : {}),
+    ...(flags.has('--cache-type-v') ? { cacheTypeV: flags.get('--cache-type-v')![0]! } : {}),
+    ...(ts ? { tensorSplit: ts.split(',').map(Number) } : {}),
+    ...(ngl !== undefined ? { nGpuLayers: Number(ngl) } : {}),
+  });
+  io.stdout.write(flags.has('--json') ? `${JSON.stringify(planToJSON(plan))}\n` : `${formatPlanTable(plan)}\n`);
+}
+
+/** Figures of one `bench-client` run. */
+export interface BenchResult {
+  requests: number;
+  concurrency: number;
+  completionTokens: number;
+  seconds: number;
+  tokensPerSecond: number;
+  perStreamTokensPerSecond: number;
+  ttftMsMedian: number;
+}
+
+/** Streams one completion; returns tokens (SSE chunks with text) and time to the first one. */
+async function streamOne(url: string, body: object, apiKey?: string): Promise<{ tokens: number; ttftMs: number; ms: number }> {
+  const t0 = performance.now();
+  const res = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) },
+    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+  });
+  if (!res.ok || !res.body) throw new HydraError('HYDRA_ERR_BAD_REQUEST', `engine answered ${res.status}: ${await res.text()}`);
+  let ttft = -1;
+  let tokens = 0;
+  let buf = '';
+  const decoder = new TextDecoder();
+  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    buf += decoder.decode(chunk, { stream: true });
+    let at = buf.indexOf('\n\n');
+    while (at >= 0) {
+      const event = buf.slice(0, at);
+      buf = buf.slice(at + 2);
+      at = buf.indexOf('\n\n');
+      const data = event.replace(/^data: /, '');
+      if (data === '[DONE]') continue;
+      const obj = JSON.parse(data) as { usage?: { completion_tokens: number }; choices: { text?: string }[] };
+      if (obj.usage) tokens = obj.usage.completion_tokens;
+      else if (ttft < 0 && obj.choices[0]?.text) ttft = performance.now() - t0;
+    }
+  }
+  return { tokens, ttftMs: ttft, ms: performance.now() - t0 };
+}
+
+/** `hydra-engine bench-client`: drives an engine's HTTP API and prints tokens/s. */
+export async function runBenchClient(argv: readonly string[], io: Io): Promise<BenchResult> {
+  const flags = takeFlags(argv, {
+    '--url': 'value', '--requests': 'value', '--concurrency': 'value', '--max-tokens': 'value',
+    '--prompt': 'value', '--api-key': 'value', '--json': 'flag',
+  });
+  const url = (flags.get('--url')?.[0] ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
+  const requests = intFlag(flags, '--requests', 8, 1);
+  const concurrency = intFlag(flags, '--concurrency', 4, 1);
+  const maxTokens = intFlag(flags, '--max-tokens', 64, 1);
+  const prompt = flags.get('--prompt')?.[0] ?? 'Once upon a time, in a land far away, there was a';
+  const apiKey = flags.get('--api-key')?.[0];
+  const body = { prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true };
+  let next = 0;
+  const runs: { tokens: number; ttftMs: number; ms: number }[] = [];
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: Math.min(concurrency, requests) }, async () => {
+      while (next < requests) {
+        next++;
+        runs.push(await streamOne(url, body, apiKey));
+      }
+    }),
+  );
+  const seconds = (performance.now() - t0) / 1000;
+  const completionTokens = runs.reduce((s, r) => s + r.tokens, 0);
+  const ttfts = runs.map((r) => r.ttftMs).sort((a, b) => a - b);
+  const result: BenchResult = {
+    requests,
+    concurrency,
+    completionTokens,
+    seconds: Number(seconds.toFixed(3)),
+    tokensPerSecond: Number((completionTokens / seconds).toFixed(1)),
+    perStreamTokensPerSecond: Number(
+      (runs.reduce((s, r) => s + (r.tokens * 1000) / Math.max(r.ms - r.ttftMs, 1), 0) / runs.length).toFixed(1),
+    ),
+    ttftMsMedian: Number((ttfts[Math.floor(ttfts.length / 2)] ?? 0).toFixed(1)),
+  };
+  io.stdout.write(
+    flags.has('--json')
+      ? `${JSON.stringify(result)}\n`
+      : `bench-client: ${requests} requests, concurrency ${concurrency}: ${completionTokens} tokens in ${result.seconds} s = ` +
+          `${result.tokensPerSecond} tok/s (per stream ${result.perStreamTokensPerSecond} tok/s, median TTFT ${result.ttftMsMedian} ms)\n`,
+  );
+  return result;
+}
