@@ -10,14 +10,7 @@ import {
   padTo,
   tensorElements,
 } from './gguf.js';
-import {
-  NORM_GAIN_F32,
-  NORMAL_F16,
-  NORMAL_F32,
-  Q4_0_SCALE_F16,
-  Q8_0_SCALE_F16,
-  Xorshift128,
-} from './random.js';
+import { NORM_GAIN_F32, type WeightTables, weightTables, Xorshift128 } from './random.js';
 import {
   FILE_TYPE,
   SYNTH_ARCHS,
@@ -167,6 +160,7 @@ function metadata(
  */
 function fillPiece(
   rng: Xorshift128,
+  weights: WeightTables,
   tensor: SynthTensor,
   elems: number,
   rand: Uint32Array,
@@ -175,7 +169,7 @@ function fillPiece(
 ): number {
   switch (tensor.type) {
     case GgmlType.F32: {
-      const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : NORMAL_F32;
+      const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : weights.f32;
       const dst = new Float32Array(out, offset, elems);
       const n = elems >>> 1;
       rng.fill(rand, n);
@@ -188,12 +182,13 @@ function fillPiece(
     }
     case GgmlType.F16: {
       const dst = new Uint16Array(out, offset, elems);
+      const table = weights.f16;
       const n = elems >>> 1;
       rng.fill(rand, n);
       for (let i = 0; i < n; i++) {
         const r = rand[i]!;
-        dst[2 * i] = NORMAL_F16[r & 0xffff]!;
-        dst[2 * i + 1] = NORMAL_F16[r >>> 16]!;
+        dst[2 * i] = table[r & 0xffff]!;
+        dst[2 * i + 1] = table[r >>> 16]!;
       }
       return elems * 2;
     }
@@ -203,7 +198,7 @@ function fillPiece(
       // random bit (the byte it overwrites): q4_0 nibbles minus 8 span [-8, 7], whose mean of
       // -0.5 would otherwise give every weight matrix a rank-one bias.
       const { typeSize, blockSize } = GGML_TYPE_TRAITS[tensor.type];
-      const scale = tensor.type === GgmlType.Q8_0 ? Q8_0_SCALE_F16 : Q4_0_SCALE_F16;
+      const scale = tensor.type === GgmlType.Q8_0 ? weights.q8_0Scale : weights.q4_0Scale;
       const lo = scale & 0xff;
       const hi = scale >>> 8;
       const blocks = elems / blockSize;
@@ -353,6 +348,7 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
       onProgress?.({ bytesWritten, totalBytes, tensorsDone, tensorCount: tensors.length }),
     );
     const rand = new Uint32Array(PIECE_ELEMS / 2);
+    const weights = weightTables(hparams.weightStd);
     for (let t = 0; t < tensors.length; t++) {
       const tensor = tensors[t]!;
       const rng = new Xorshift128(seed, t);
@@ -364,7 +360,7 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
       for (let done = 0; done < total; ) {
         const elems = Math.min(PIECE_ELEMS, total - done);
         await writer.reserve(bytesPerPiece + 4);
-        const n = fillPiece(rng, tensor, elems, rand, writer.buffer, writer.pos);
+        const n = fillPiece(rng, weights, tensor, elems, rand, writer.buffer, writer.pos);
         writer.advance(n);
         written += n;
         done += elems;

@@ -70,25 +70,48 @@ function normalQuantile(p: number): number {
   );
 }
 
-/** Standard deviation of generated weight matrices (GPT-2 style init keeps activations finite). */
-export const WEIGHT_STD = 0.02;
+/** Standard deviation of the noise on RMS-norm gains (which are 1 + noise). */
+export const NORM_GAIN_STD = 0.02;
 
-/** 65536 N(0, WEIGHT_STD) quantiles as float32, and the same values as f16 bits. */
-export const NORMAL_F32 = new Float32Array(65536);
-export const NORMAL_F16 = new Uint16Array(65536);
-/** 65536 values of 1 + N(0, WEIGHT_STD): RMS-norm gains near one. */
+/** 65536 values of 1 + N(0, NORM_GAIN_STD), indexed by 16 random bits. */
 export const NORM_GAIN_F32 = new Float32Array(65536);
-for (let i = 0; i < 65536; i++) {
-  const z = normalQuantile((i + 0.5) / 65536) * WEIGHT_STD;
-  NORMAL_F32[i] = z;
-  NORMAL_F16[i] = f32ToF16Bits(z);
-  NORM_GAIN_F32[i] = 1 + z;
+for (let i = 0; i < 65536; i++) NORM_GAIN_F32[i] = 1 + normalQuantile((i + 0.5) / 65536) * NORM_GAIN_STD;
+
+/** Lookup tables and block scales that give weights of one standard deviation. */
+export interface WeightTables {
+  /** 65536 N(0, std) quantiles. */
+  f32: Float32Array;
+  /** The same values as f16 bits. */
+  f16: Uint16Array;
+  /**
+   * f16 block scales for uniform random quants: int8 in [-128, 127] has sd 73.9, a q4_0 nibble
+   * minus 8 has sd 4.61, so these make the dequantized weights have sd `std` too.
+   */
+  q8_0Scale: number;
+  q4_0Scale: number;
 }
 
-// Block scales chosen so the dequantized weights have standard deviation WEIGHT_STD when the
-// quants are uniform random: int8 in [-128, 127] has sd 73.9, a q4_0 nibble minus 8 has sd 4.61.
-export const Q8_0_SCALE_F16 = f32ToF16Bits(WEIGHT_STD / Math.sqrt((256 * 256 - 1) / 12));
-export const Q4_0_SCALE_F16 = f32ToF16Bits(WEIGHT_STD / Math.sqrt((16 * 16 - 1) / 12));
+const tableCache = new Map<number, WeightTables>();
+
+export function weightTables(std: number): WeightTables {
+  let t = tableCache.get(std);
+  if (t === undefined) {
+    const f32 = new Float32Array(65536);
+    const f16 = new Uint16Array(65536);
+    for (let i = 0; i < 65536; i++) {
+      f32[i] = normalQuantile((i + 0.5) / 65536) * std;
+      f16[i] = f32ToF16Bits(f32[i]!);
+    }
+    t = {
+      f32,
+      f16,
+      q8_0Scale: f32ToF16Bits(std / Math.sqrt((256 * 256 - 1) / 12)),
+      q4_0Scale: f32ToF16Bits(std / Math.sqrt((16 * 16 - 1) / 12)),
+    };
+    tableCache.set(std, t);
+  }
+  return t;
+}
 
 function splitmix32(state: number): [number, number] {
   const s = (state + 0x9e3779b9) | 0;

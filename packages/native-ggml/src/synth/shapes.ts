@@ -21,6 +21,11 @@ export interface SynthHparams {
   nExpertUsed: number;
   ropeFreqBase: number;
   rmsEps: number;
+  /**
+   * Standard deviation of every weight matrix, 1/sqrt(n_embd): roughly variance-preserving, so the
+   * residual stream keeps depending on the context (0.0625 for tiny, 0.014-0.022 for the others).
+   */
+  weightStd: number;
 }
 
 interface DenseShape {
@@ -89,10 +94,11 @@ export const MOE_EXPERTS_USED = 2;
 
 export function synthHparams(arch: SynthArch, shape: SynthShape): SynthHparams {
   const d = DENSE[shape];
+  const weightStd = 1 / Math.sqrt(d.nEmbd);
   if (arch === 'moe') {
-    return { ...d, nFf: d.nFf / MOE_EXPERTS, nExpert: MOE_EXPERTS, nExpertUsed: MOE_EXPERTS_USED };
+    return { ...d, nFf: d.nFf / MOE_EXPERTS, nExpert: MOE_EXPERTS, nExpertUsed: MOE_EXPERTS_USED, weightStd };
   }
-  return { ...d, nExpert: 0, nExpertUsed: 0 };
+  return { ...d, nExpert: 0, nExpertUsed: 0, weightStd };
 }
 
 /** How a tensor's bytes are generated. */
