@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { HydraError } from './errors.js';
@@ -8,6 +9,7 @@ import { selfCommand } from './self.js';
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
 interface Child {
+  name: string;
   proc: ChildProcess;
   lines: string[];
   waitFor(re: RegExp, timeoutMs: number): Promise<RegExpExecArray>;
@@ -40,6 +42,7 @@ function startChild(name: string, args: string[], io: Io): Child {
   proc.stdout!.on('data', onData);
   proc.stderr!.on('data', onData);
   return {
+    name,
     proc,
     lines,
     waitFor(re, timeoutMs) {
@@ -54,6 +57,17 @@ function startChild(name: string, args: string[], io: Io): Child {
       });
     },
   };
+}
+
+function freePort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.once('error', rej);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => res(port));
+    });
+  });
 }
 
 async function stop(child: Child): Promise<number | null> {
@@ -81,7 +95,9 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
   } else io.stdout.write(`demo: using ${model}\n`);
   const children: Child[] = [];
   try {
-    const peer = startChild('peer', ['--port', '0', '--rpc-port', '0', '--progress', 'lines'], io);
+    // --rpc-port 0 means off, so the peer gets a port that was free a moment ago.
+    const free = await freePort();
+    const peer = startChild('peer', ['--port', '0', '--rpc-port', String(free), '--progress', 'lines'], io);
     children.push(peer);
     const peerRpc = (await peer.waitFor(/merged ggml-RPC\/Hydra port on (\S+):(\d+)/, 30_000))[2]!;
     const peerHttp = (await peer.waitFor(/HTTP on (http:\/\/\S+)/, 5_000))[1]!;
@@ -147,7 +163,7 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
   } finally {
     for (const child of children.reverse()) {
       const code = await stop(child);
-      io.stdout.write(`demo: ${child === children[0] ? 'head' : 'peer'} engine stopped (exit ${code})\n`);
+      io.stdout.write(`demo: ${child.name} engine stopped (exit ${code})\n`);
     }
   }
 }
