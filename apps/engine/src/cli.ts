@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { dirname, join } from 'node:path';
 import { runSynthCli } from '@hydra-engine/native-ggml/synth';
 import { parseServeArgs, usage } from './args.js';
 import { runDemo } from './demo.js';
@@ -68,6 +69,9 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
 }
 
 const isEntry = process.argv[1] !== undefined && /cli\.(c|m)?js$/.test(process.argv[1]);
-if (isEntry || (globalThis as { __HYDRA_SEA__?: boolean }).__HYDRA_SEA__) {
-  main(process.argv.slice(2)).then((code) => process.exit(code));
+const sea = (globalThis as { __HYDRA_SEA__?: boolean }).__HYDRA_SEA__ === true;
+if (isEntry || sea) {
+  // The single executable carries its ggml-RPC worker as a file beside it.
+  const options: StartOptions = sea ? { rpcWorkerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') } : {};
+  main(process.argv.slice(2), options).then((code) => process.exit(code));
 }

@@ -1,0 +1,78 @@
+// Builds dist/hydra-engine, a Node single executable application, from the tsc output in dist/:
+// one CommonJS bundle injected into a copy of this node binary, with the native addon, its shared
+// libraries and the two worker bundles (piscina's worker, the ggml-RPC worker) beside it.
+import { execFileSync } from 'node:child_process';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { build } from 'esbuild';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const dist = join(root, 'dist');
+const work = join(dist, 'sea');
+const pkgDir = (from, name) => realpathSync(join(from, 'node_modules', name));
+const nativeDir = pkgDir(root, '@hydra-engine/native-ggml');
+const addonDir = [join(nativeDir, 'build-cuda', 'bin'), join(nativeDir, 'build', 'bin')].find((d) => existsSync(join(d, 'hydra_ggml.node')));
+if (!addonDir) {
+  console.error('build-sea: the native addon is not built; skipping the single executable');
+  process.exit(0);
+}
+rmSync(work, { recursive: true, force: true });
+mkdirSync(work, { recursive: true });
+
+// import.meta.url has no meaning in a CommonJS bundle: give each bundle its own file's URL.
+const banner = {
+  js: 'var __hydra_meta_url = require("node:url").pathToFileURL(typeof __filename === "string" && __filename ? __filename : process.execPath).href;',
+};
+const common = {
+  bundle: true,
+  platform: 'node',
+  target: 'node20',
+  format: 'cjs',
+  define: { 'import.meta.url': '__hydra_meta_url' },
+  external: ['msgpackr-extract', '@napi-rs/nice'],
+  logLevel: 'warning',
+  banner,
+};
+// piscina finds its worker as __dirname/worker.js; beside the binary it is piscina-worker.cjs.
+const renamePiscinaWorker = {
+  name: 'piscina-worker-name',
+  setup(b) {
+    b.onLoad({ filter: /piscina[\\/]dist[\\/]index\.js$/ }, (args) => ({
+      contents: readFileSync(args.path, 'utf8').replace("'worker.js'", "'piscina-worker.cjs'"),
+      loader: 'js',
+    }));
+  },
+};
+await build({
+  ...common,
+  entryPoints: [join(dist, 'cli.js')],
+  outfile: join(work, 'main.cjs'),
+  banner: { js: `${banner.js}\nglobalThis.__HYDRA_SEA__ = true;\nif (!process.env.HYDRA_NATIVE_ADDON) process.env.HYDRA_NATIVE_ADDON = require("node:path").join(require("node:path").dirname(process.execPath), "hydra_ggml.node");` },
+  plugins: [renamePiscinaWorker],
+});
+const piscinaDir = join(pkgDir(pkgDir(root, '@hydra-engine/hydra-rpc'), 'piscina'), 'dist');
+await build({ ...common, entryPoints: [join(piscinaDir, 'worker.js')], outfile: join(dist, 'piscina-worker.cjs') });
+await build({ ...common, entryPoints: [join(nativeDir, 'dist', 'rpc-worker.js')], outfile: join(dist, 'rpc-worker.cjs') });
+
+writeFileSync(
+  join(work, 'sea-config.json'),
+  JSON.stringify({ main: join(work, 'main.cjs'), output: join(work, 'prep.blob'), disableExperimentalSEAWarning: true }),
+);
+execFileSync(process.execPath, ['--experimental-sea-config', join(work, 'sea-config.json')], { stdio: 'inherit' });
+const exe = join(dist, 'hydra-engine');
+rmSync(exe, { force: true });
+copyFileSync(process.execPath, exe);
+chmodSync(exe, 0o755);
+const postject = join(pkgDir(root, 'postject'), 'dist', 'cli.js');
+execFileSync(process.execPath, [postject, exe, 'NODE_SEA_BLOB', join(work, 'prep.blob'), '--sentinel-fuse', 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2'], { stdio: 'inherit' });
+// The addon and every shared library it loads (by soname, plus the dlopen'ed CPU backends).
+for (const name of readdirSync(addonDir)) {
+  if (name === 'hydra_ggml.node' || /^lib(ggml|llama)[^/]*\.so(\.\d+)?$/.test(name)) {
+    if (name.startsWith('libllama-bench') || name.startsWith('libllama-common')) continue;
+    const src = join(addonDir, name);
+    if (statSync(src).isFile()) copyFileSync(src, join(dist, name));
+  }
+}
+rmSync(work, { recursive: true, force: true });
+console.error(`build-sea: wrote ${exe}`);

@@ -1,0 +1,42 @@
+import { spawn } from 'node:child_process';
+import { copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { expect, it } from 'vitest';
+import { tinyModel } from './helpers.js';
+
+const dist = new URL('../dist/', import.meta.url).pathname;
+
+it('the single executable starts from a copied folder with a clean environment and serves a completion', async () => {
+  const model = await tinyModel();
+  const dir = mkdtempSync(join(tmpdir(), 'hydra-sea-'));
+  for (const name of readdirSync(dist)) {
+    if (name === 'hydra-engine' || name.endsWith('.node') || name.endsWith('.cjs') || /\.so(\.\d+)?$/.test(name)) {
+      copyFileSync(join(dist, name), join(dir, name));
+    }
+  }
+  const exe = join(dir, 'hydra-engine');
+  const { chmodSync } = await import('node:fs');
+  chmodSync(exe, 0o755);
+  // No PATH, no HOME, no NODE_*: nothing of this machine's Node install is reachable.
+  const p = spawn(exe, ['-m', model, '--port', '0', '--progress', 'lines', '-t', '1'], { env: {}, cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+  try {
+    const url = await new Promise<string>((resolve, reject) => {
+      let buf = '';
+      let http = '';
+      p.stderr.on('data', (d) => {
+        buf += d;
+        http ||= /HTTP on (http:\/\/\S+)/.exec(buf)?.[1] ?? '';
+        if (http && /model ready/.test(buf)) resolve(http);
+      });
+      p.on('exit', (code) => reject(new Error(`exited ${code}: ${buf}`)));
+    });
+    const res = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'Hello world', max_tokens: 6, temperature: 0 }) });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { usage: { completion_tokens: number }; choices: { finish_reason: string }[] };
+    expect(body.usage.completion_tokens).toBe(6);
+    expect(body.choices[0]!.finish_reason).toBe('length');
+  } finally {
+    p.kill('SIGTERM');
+  }
+});
