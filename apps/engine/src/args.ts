@@ -37,45 +37,159 @@ interface FlagSpec {
 
 /** llama.cpp's flag names where they exist, mapped to common_params keys (tiering registry). */
 export const FLAGS: FlagSpec[] = [
-  { names: ['-m', '--model'], key: 'model', kind: 'string', help: 'GGUF path or registry alias (optional: boot empty)' },
+  {
+    names: ['-m', '--model'],
+    key: 'model',
+    kind: 'string',
+    help: 'GGUF path or registry alias (optional: boot empty)',
+  },
   { names: ['--host'], key: 'host', kind: 'string', help: 'HTTP bind address (default 127.0.0.1)' },
   { names: ['--port'], key: 'port', kind: 'int', help: 'HTTP port (default 8080; 0 = any)' },
-  { names: ['--rpc-port'], key: 'rpc_port', kind: 'int', help: 'merged ggml-RPC + Hydra port (default 0 = off)' },
-  { names: ['--control-allow-from'], key: 'control_allow_from', kind: 'list', help: 'CIDR list allowed on --rpc-port (default loopback)' },
-  { names: ['--api-key'], key: 'api_key', kind: 'string', help: 'require "Authorization: Bearer KEY" on the API' },
-  { names: ['-c', '--ctx-size'], key: 'n_ctx', kind: 'int', help: 'context size, all slots together (0 = from the model)' },
+  {
+    names: ['--rpc-port'],
+    key: 'rpc_port',
+    kind: 'int',
+    help: 'merged ggml-RPC + Hydra port (default 0 = off)',
+  },
+  {
+    names: ['--control-allow-from'],
+    key: 'control_allow_from',
+    kind: 'list',
+    help: 'CIDR list allowed on --rpc-port (default loopback)',
+  },
+  {
+    names: ['--api-key'],
+    key: 'api_key',
+    kind: 'string',
+    help: 'require "Authorization: Bearer KEY" on the API',
+  },
+  {
+    names: ['-c', '--ctx-size'],
+    key: 'n_ctx',
+    kind: 'int',
+    help: 'context size, all slots together (0 = from the model)',
+  },
   { names: ['-b', '--batch-size'], key: 'n_batch', kind: 'int', help: 'logical batch size' },
   { names: ['-ub', '--ubatch-size'], key: 'n_ubatch', kind: 'int', help: 'physical batch size' },
-  { names: ['-np', '--parallel'], key: 'n_parallel', kind: 'int', help: 'slots (sequences decoded together)' },
+  {
+    names: ['-np', '--parallel'],
+    key: 'n_parallel',
+    kind: 'int',
+    help: 'slots (sequences decoded together)',
+  },
   { names: ['-t', '--threads'], key: 'cpuparams.n_threads', kind: 'int', help: 'CPU threads for generation' },
-  { names: ['-tb', '--threads-batch'], key: 'cpuparams_batch.n_threads', kind: 'int', help: 'CPU threads for prompts' },
-  { names: ['-fa', '--flash-attn'], key: 'flash_attn', kind: 'string', bare: 'on', values: ['on', 'off', 'auto'], help: 'flash attention on|off|auto' },
+  {
+    names: ['-tb', '--threads-batch'],
+    key: 'cpuparams_batch.n_threads',
+    kind: 'int',
+    help: 'CPU threads for prompts',
+  },
+  {
+    names: ['-fa', '--flash-attn'],
+    key: 'flash_attn',
+    kind: 'string',
+    bare: 'on',
+    values: ['on', 'off', 'auto'],
+    help: 'flash attention on|off|auto',
+  },
   { names: ['-ctk', '--cache-type-k'], key: 'cache_type_k', kind: 'string', help: 'KV cache type for K' },
   { names: ['-ctv', '--cache-type-v'], key: 'cache_type_v', kind: 'string', help: 'KV cache type for V' },
-  { names: ['-ngl', '--n-gpu-layers', '--gpu-layers'], key: 'n_gpu_layers', kind: 'int', help: 'layers to offload (counting the output layer)' },
+  {
+    names: ['-ngl', '--n-gpu-layers', '--gpu-layers'],
+    key: 'n_gpu_layers',
+    kind: 'int',
+    help: 'layers to offload (counting the output layer)',
+  },
   { names: ['-sm', '--split-mode'], key: 'split_mode', kind: 'string', help: 'none|layer|row' },
-  { names: ['-ts', '--tensor-split'], key: 'tensor_split', kind: 'numbers', help: 'split proportions, e.g. 3,1' },
+  {
+    names: ['-ts', '--tensor-split'],
+    key: 'tensor_split',
+    kind: 'numbers',
+    help: 'split proportions, e.g. 3,1',
+  },
   { names: ['-mg', '--main-gpu'], key: 'main_gpu', kind: 'int', help: 'main device index' },
-  { names: ['-dev', '--device'], key: 'devices', kind: 'list', help: 'devices to offload to, e.g. CUDA0,RPC0' },
+  {
+    names: ['-dev', '--device'],
+    key: 'devices',
+    kind: 'list',
+    help: 'devices to offload to, e.g. CUDA0,RPC0',
+  },
   { names: ['--rpc'], key: 'rpc_servers', kind: 'list', help: 'ggml-RPC peers host:port,...' },
-  { names: ['-ot', '--override-tensor'], key: 'override_tensors', kind: 'repeat', help: '<regex>=<buffer type>,... (repeatable)' },
-  { names: ['--n-cpu-moe', '-ncmoe'], key: 'n_cpu_moe', kind: 'int', help: 'keep the experts of the first N layers on the CPU' },
+  {
+    names: ['-ot', '--override-tensor'],
+    key: 'override_tensors',
+    kind: 'repeat',
+    help: '<regex>=<buffer type>,... (repeatable)',
+  },
+  {
+    names: ['--n-cpu-moe', '-ncmoe'],
+    key: 'n_cpu_moe',
+    kind: 'int',
+    help: 'keep the experts of the first N layers on the CPU',
+  },
   { names: ['--override-kv'], key: 'kv_overrides', kind: 'repeat', help: 'KEY=TYPE:VALUE (repeatable)' },
   { names: ['--mlock'], key: 'use_mlock', kind: 'flag', bare: true, help: 'lock the model in RAM' },
-  { names: ['--no-mmap'], key: 'use_mmap', kind: 'flag', bare: false, help: 'read the model instead of mapping it' },
+  {
+    names: ['--no-mmap'],
+    key: 'use_mmap',
+    kind: 'flag',
+    bare: false,
+    help: 'read the model instead of mapping it',
+  },
   { names: ['-s', '--seed'], key: 'seed', kind: 'int', help: 'default sampling seed (-1 = random)' },
-  { names: ['-n', '--n-predict'], key: 'n_predict', kind: 'int', help: 'default max tokens (-1 = until the context is full)' },
+  {
+    names: ['-n', '--n-predict'],
+    key: 'n_predict',
+    kind: 'int',
+    help: 'default max tokens (-1 = until the context is full)',
+  },
   { names: ['--temp'], key: 'sampling.temp', kind: 'number', help: 'default temperature' },
   { names: ['--top-k'], key: 'sampling.top_k', kind: 'int', help: 'default top-k' },
   { names: ['--top-p'], key: 'sampling.top_p', kind: 'number', help: 'default top-p' },
   { names: ['--min-p'], key: 'sampling.min_p', kind: 'number', help: 'default min-p' },
-  { names: ['--repeat-penalty'], key: 'sampling.penalty_repeat', kind: 'number', help: 'default repeat penalty' },
-  { names: ['--repeat-last-n'], key: 'sampling.penalty_last_n', kind: 'int', help: 'tokens the repeat penalty looks back' },
-  { names: ['--config'], key: '@config', kind: 'string', help: 'YAML file: startup defaults (common_params keys), models:, hydra:' },
-  { names: ['--max-queue'], key: '@maxQueue', kind: 'int', help: 'requests waiting for a slot before 429 (default 64)' },
-  { names: ['--max-body-bytes'], key: '@maxBodyBytes', kind: 'int', help: 'largest request body (default 8 MiB)' },
-  { names: ['--body-timeout-ms'], key: '@bodyTimeoutMs', kind: 'int', help: 'time allowed to send a request body (default 10000)' },
-  { names: ['--progress'], key: '@progress', kind: 'string', values: ['auto', 'bar', 'lines', 'off'], help: 'load progress: auto|bar|lines|off' },
+  {
+    names: ['--repeat-penalty'],
+    key: 'sampling.penalty_repeat',
+    kind: 'number',
+    help: 'default repeat penalty',
+  },
+  {
+    names: ['--repeat-last-n'],
+    key: 'sampling.penalty_last_n',
+    kind: 'int',
+    help: 'tokens the repeat penalty looks back',
+  },
+  {
+    names: ['--config'],
+    key: '@config',
+    kind: 'string',
+    help: 'YAML file: startup defaults (common_params keys), models:, hydra:',
+  },
+  {
+    names: ['--max-queue'],
+    key: '@maxQueue',
+    kind: 'int',
+    help: 'requests waiting for a slot before 429 (default 64)',
+  },
+  {
+    names: ['--max-body-bytes'],
+    key: '@maxBodyBytes',
+    kind: 'int',
+    help: 'largest request body (default 8 MiB)',
+  },
+  {
+    names: ['--body-timeout-ms'],
+    key: '@bodyTimeoutMs',
+    kind: 'int',
+    help: 'time allowed to send a request body (default 10000)',
+  },
+  {
+    names: ['--progress'],
+    key: '@progress',
+    kind: 'string',
+    values: ['auto', 'bar', 'lines', 'off'],
+    help: 'load progress: auto|bar|lines|off',
+  },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
 ];
@@ -107,7 +221,8 @@ function convert(spec: FlagSpec, flag: string, raw: string): unknown {
     }
     case 'number': {
       const n = Number(raw);
-      if (raw.trim() === '' || !Number.isFinite(n)) throw bad(flag, `${flag} needs a number, got ${JSON.stringify(raw)}`);
+      if (raw.trim() === '' || !Number.isFinite(n))
+        throw bad(flag, `${flag} needs a number, got ${JSON.stringify(raw)}`);
       return n;
     }
     case 'numbers':
@@ -131,7 +246,11 @@ export function parseFlags(argv: readonly string[]): Map<string, unknown> {
     const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
     const name = eq > 0 ? arg.slice(0, eq) : arg;
     const spec = FLAGS.find((f) => f.names.includes(name));
-    if (!spec) throw bad(name, arg.startsWith('-') ? `unknown flag ${name}` : `unexpected argument ${JSON.stringify(arg)}`);
+    if (!spec)
+      throw bad(
+        name,
+        arg.startsWith('-') ? `unknown flag ${name}` : `unexpected argument ${JSON.stringify(arg)}`,
+      );
     let value: unknown;
     if (spec.kind === 'flag') {
       if (eq > 0) throw bad(name, `${name} takes no value`);
@@ -142,7 +261,8 @@ export function parseFlags(argv: readonly string[]): Map<string, unknown> {
       else {
         const next = argv[i + 1];
         const looksLikeValue = next !== undefined && (!next.startsWith('-') || /^-\d/.test(next));
-        if (spec.bare !== undefined && (!looksLikeValue || (spec.values && !spec.values.includes(next!)))) raw = undefined;
+        if (spec.bare !== undefined && (!looksLikeValue || (spec.values && !spec.values.includes(next!))))
+          raw = undefined;
         else if (looksLikeValue) {
           raw = next;
           i++;
@@ -168,7 +288,11 @@ function configError(file: string, message: string, cause?: unknown): HydraError
 }
 
 /** Reads the `--config` YAML: common_params keys (nested or dotted), `models:` and `hydra:`. */
-export function readConfigFile(file: string): { params: Params; registry: ModelRegistry | undefined; hydra: Record<string, unknown> } {
+export function readConfigFile(file: string): {
+  params: Params;
+  registry: ModelRegistry | undefined;
+  hydra: Record<string, unknown>;
+} {
   let text: string;
   try {
     text = readFileSync(file, 'utf8');
@@ -181,7 +305,8 @@ export function readConfigFile(file: string): { params: Params; registry: ModelR
   } catch (err) {
     throw configError(file, (err as Error).message, err);
   }
-  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) throw configError(file, 'the top level must be a map');
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc))
+    throw configError(file, 'the top level must be a map');
   const { models, hydra, ...rest } = doc as Record<string, unknown>;
   let registry: ModelRegistry | undefined;
   if (models !== undefined) {
@@ -199,7 +324,10 @@ export function readConfigFile(file: string): { params: Params; registry: ModelR
     params = normalize(rest, { allowT4: true });
   } catch (err) {
     const e = err as HydraError;
-    throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${file}: ${e.message}`, { keys: e.keys ?? [], cause: err });
+    throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${file}: ${e.message}`, {
+      keys: e.keys ?? [],
+      cause: err,
+    });
   }
   return { params, registry, hydra: (hydra as Record<string, unknown>) ?? {} };
 }
@@ -222,16 +350,24 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
  */
 export function parseServeArgs(argv: readonly string[]): ServeArgs {
   const flags = parseFlags(argv);
-  const settings: ServeSettings = { maxQueue: 64, maxBodyBytes: 8 << 20, bodyTimeoutMs: 10_000, progress: 'auto' };
+  const settings: ServeSettings = {
+    maxQueue: 64,
+    maxBodyBytes: 8 << 20,
+    bodyTimeoutMs: 10_000,
+    progress: 'auto',
+  };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};
   let registry: ModelRegistry | undefined;
   const applySetting = (key: string, value: unknown, where: string) => {
     const name = SETTING_KEYS[key];
-    if (!name) throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: unknown setting ${key}`, { keys: [key] });
+    if (!name)
+      throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: unknown setting ${key}`, { keys: [key] });
     if (name === 'progress') {
       if (!['auto', 'bar', 'lines', 'off'].includes(value as string)) {
-        throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: progress must be auto|bar|lines|off`, { keys: [key] });
+        throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: progress must be auto|bar|lines|off`, {
+          keys: [key],
+        });
       }
       settings.progress = value as ServeSettings['progress'];
       return;
@@ -239,7 +375,9 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     const min = name === 'maxQueue' ? 0 : 1;
     if (!Number.isInteger(value) || (value as number) < min) {
       const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
-      throw new HydraError(code, `${where}: ${key.replace('@', '')} must be an integer >= ${min}`, { keys: [key] });
+      throw new HydraError(code, `${where}: ${key.replace('@', '')} must be an integer >= ${min}`, {
+        keys: [key],
+      });
     }
     settings[name] = value as never;
   };

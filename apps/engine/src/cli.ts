@@ -72,6 +72,8 @@ const isEntry = process.argv[1] !== undefined && /cli\.(c|m)?js$/.test(process.a
 const sea = (globalThis as { __HYDRA_SEA__?: boolean }).__HYDRA_SEA__ === true;
 if (isEntry || sea) {
   // The single executable carries its ggml-RPC worker as a file beside it.
-  const options: StartOptions = sea ? { rpcWorkerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') } : {};
+  const options: StartOptions = sea
+    ? { rpcWorkerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') }
+    : {};
   main(process.argv.slice(2), options).then((code) => process.exit(code));
 }

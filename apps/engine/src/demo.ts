@@ -51,9 +51,19 @@ function startChild(name: string, args: string[], io: Io): Child {
         if (m) return Promise.resolve(m);
       }
       return new Promise((res, rej) => {
-        const timer = setTimeout(() => rej(new HydraError('HYDRA_ERR_INTERNAL', `${name}: no line matching ${re} in ${timeoutMs} ms`)), timeoutMs);
+        const timer = setTimeout(
+          () =>
+            rej(new HydraError('HYDRA_ERR_INTERNAL', `${name}: no line matching ${re} in ${timeoutMs} ms`)),
+          timeoutMs,
+        );
         proc.once('exit', (code) => rej(new HydraError('HYDRA_ERR_INTERNAL', `${name} exited with ${code}`)));
-        waiters.push({ re, resolve: (m) => { clearTimeout(timer); res(m); } });
+        waiters.push({
+          re,
+          resolve: (m) => {
+            clearTimeout(timer);
+            res(m);
+          },
+        });
       });
     },
   };
@@ -104,7 +114,22 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
     // Tiny has 4 layers; n_gpu_layers counts the output layer, so 3 puts layers 2-3 and the output on RPC0.
     const head = startChild(
       'head',
-      ['--port', '0', '-m', model, '--rpc', `127.0.0.1:${peerRpc}`, '--device', 'RPC0', '-ngl', '3', '-c', '1024', '--progress', 'lines'],
+      [
+        '--port',
+        '0',
+        '-m',
+        model,
+        '--rpc',
+        `127.0.0.1:${peerRpc}`,
+        '--device',
+        'RPC0',
+        '-ngl',
+        '3',
+        '-c',
+        '1024',
+        '--progress',
+        'lines',
+      ],
       io,
     );
     children.push(head);
@@ -123,7 +148,8 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
         stream_options: { include_usage: true },
       }),
     });
-    if (!res.ok || !res.body) throw new HydraError('HYDRA_ERR_INTERNAL', `head answered ${res.status}: ${await res.text()}`);
+    if (!res.ok || !res.body)
+      throw new HydraError('HYDRA_ERR_INTERNAL', `head answered ${res.status}: ${await res.text()}`);
     let first = -1;
     let usage: { completion_tokens: number; prompt_tokens: number } | undefined;
     let buf = '';
@@ -151,14 +177,22 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
       `\n\ndemo: ${n} tokens in ${((end - t0) / 1000).toFixed(2)} s; ${((n - 1) / Math.max((end - first) / 1000, 1e-6)).toFixed(1)} tokens/s ` +
         `after the first token (time to first token ${(first - t0).toFixed(0)} ms, prompt ${usage?.prompt_tokens ?? 0} tokens)\n`,
     );
-    const health = (await (await fetch(`${headHttp}/health`)).json()) as { placement?: { device: string; first: number; last: number; output: boolean }[] };
+    const health = (await (await fetch(`${headHttp}/health`)).json()) as {
+      placement?: { device: string; first: number; last: number; output: boolean }[];
+    };
     io.stdout.write('demo: where the layers ran:\n');
     for (const r of health.placement ?? []) {
-      const where = r.device.startsWith('RPC') ? `peer engine at 127.0.0.1:${peerRpc} via ggml-RPC` : 'head engine';
-      io.stdout.write(`  layers ${r.first}-${r.last}${r.output ? ' + output' : ''}: ${r.device} (${where})\n`);
+      const where = r.device.startsWith('RPC')
+        ? `peer engine at 127.0.0.1:${peerRpc} via ggml-RPC`
+        : 'head engine';
+      io.stdout.write(
+        `  layers ${r.first}-${r.last}${r.output ? ' + output' : ''}: ${r.device} (${where})\n`,
+      );
     }
     const metrics = await (await fetch(`${peerHttp}/metrics`)).text();
-    const rpcLines = metrics.split('\n').filter((l) => /^hydra_rpc_(sessions_active|bytes_in_total|bytes_out_total)/.test(l));
+    const rpcLines = metrics
+      .split('\n')
+      .filter((l) => /^hydra_rpc_(sessions_active|bytes_in_total|bytes_out_total)/.test(l));
     io.stdout.write(`demo: peer's merged port: ${rpcLines.join(', ')}\n`);
   } finally {
     for (const child of children.reverse()) {

@@ -103,7 +103,8 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
   for (let i = 0; i < nCpuMoe; i++) overrides.push(`blk\\.${i}\\.ffn_(up|down|gate)_exps=CPU`);
   const kvOverrides = ((cfg.kv_overrides as string[]) ?? []).map((spec) => {
     const m = /^([^=]+)=(int|float|bool|str):(.*)$/.exec(spec);
-    if (!m) throw new HydraError('HYDRA_ERR_BAD_VALUE', `kv_overrides item must be KEY=TYPE:VALUE, got ${spec}`);
+    if (!m)
+      throw new HydraError('HYDRA_ERR_BAD_VALUE', `kv_overrides item must be KEY=TYPE:VALUE, got ${spec}`);
     const type = m[2] as 'int' | 'float' | 'bool' | 'str';
     const raw = m[3]!;
     const value = type === 'str' ? raw : type === 'bool' ? raw === 'true' : Number(raw);
@@ -205,7 +206,8 @@ export class Engine {
   };
 
   constructor(options: EngineOptions) {
-    if (!options || typeof options !== 'object') throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options must be an object');
+    if (!options || typeof options !== 'object')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options must be an object');
     const maxQueue = options.maxQueue ?? 64;
     if (!Number.isInteger(maxQueue) || maxQueue < 0) {
       throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.maxQueue must be a non-negative integer');
@@ -213,7 +215,10 @@ export class Engine {
     this.layers = options.layers;
     this.#maxQueue = maxQueue;
     this.#registry = options.registry;
-    this.#log = options.logger ?? { info: (m) => process.stderr.write(`${m}\n`), warn: (m) => process.stderr.write(`${m}\n`) };
+    this.#log = options.logger ?? {
+      info: (m) => process.stderr.write(`${m}\n`),
+      warn: (m) => process.stderr.write(`${m}\n`),
+    };
   }
 
   get state(): EngineState {
@@ -292,7 +297,9 @@ export class Engine {
       this.#state = 'error';
       this.#lastError = (err as Error).message;
       if (err instanceof HydraError && err.code !== 'HYDRA_ERR_INTERNAL') throw err;
-      throw new HydraError('HYDRA_ERR_LOAD_FAILED', `model load failed: ${(err as Error).message}`, { cause: err });
+      throw new HydraError('HYDRA_ERR_LOAD_FAILED', `model load failed: ${(err as Error).message}`, {
+        cause: err,
+      });
     }
   }
 
@@ -305,7 +312,8 @@ export class Engine {
   }
 
   async #unload(): Promise<void> {
-    for (const job of this.#queue.splice(0)) job.reject(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
+    for (const job of this.#queue.splice(0))
+      job.reject(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
     await this.whenIdle();
     await this.#ctx?.dispose();
     this.#ctx = undefined;
@@ -363,7 +371,8 @@ export class Engine {
   #requireModel(): Model {
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'the model is still loading');
     if (this.#state === 'draining') throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
-    if (!this.#model || !this.#ctx) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded; start with --model or CONFIGURE one');
+    if (!this.#model || !this.#ctx)
+      throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded; start with --model or CONFIGURE one');
     return this.#model;
   }
 
@@ -372,7 +381,11 @@ export class Engine {
    * `HYDRA_ERR_LOADING`, `HYDRA_ERR_DRAINING`, `HYDRA_ERR_QUEUE_FULL`, `HYDRA_ERR_PROMPT_TOO_LONG`)
    * so HTTP can answer with a status before streaming starts.
    */
-  submit(prompt: Int32Array, params: GenerationParams, options: SubmitOptions = {}): Promise<GenerationResult> {
+  submit(
+    prompt: Int32Array,
+    params: GenerationParams,
+    options: SubmitOptions = {},
+  ): Promise<GenerationResult> {
     this.#requireModel();
     if (prompt.length === 0) throw new HydraError('HYDRA_ERR_BAD_REQUEST', 'the prompt is empty');
     if (prompt.length >= this.#nCtxSeq) {
@@ -384,7 +397,10 @@ export class Engine {
     const freeSlot = this.#slots.some((s) => !s);
     if (!freeSlot && this.#queue.length >= this.#maxQueue) {
       this.counters.rejectedQueueFull += 1;
-      throw new HydraError('HYDRA_ERR_QUEUE_FULL', `all ${this.#slots.length} slots busy and ${this.#queue.length} requests queued`);
+      throw new HydraError(
+        'HYDRA_ERR_QUEUE_FULL',
+        `all ${this.#slots.length} slots busy and ${this.#queue.length} requests queued`,
+      );
     }
     return new Promise<GenerationResult>((resolve, reject) => {
       const job: Job = {
@@ -436,7 +452,11 @@ export class Engine {
       }
       job.slot = i;
       job.sampler = model.createSampler(job.params.sampler);
-      if ((job.params.sampler.penaltyRepeat ?? 1) !== 1 || job.params.sampler.penaltyFreq || job.params.sampler.penaltyPresent) {
+      if (
+        (job.params.sampler.penaltyRepeat ?? 1) !== 1 ||
+        job.params.sampler.penaltyFreq ||
+        job.params.sampler.penaltyPresent
+      ) {
         job.sampler.accept(job.prompt);
       }
       this.#slots[i] = job;
@@ -474,7 +494,11 @@ export class Engine {
         try {
           out = await this.#ctx.decode(entries);
         } catch (err) {
-          const failure = new HydraError('HYDRA_ERR_DECODE_FAILED', `decode failed: ${(err as Error).message}`, { cause: err });
+          const failure = new HydraError(
+            'HYDRA_ERR_DECODE_FAILED',
+            `decode failed: ${(err as Error).message}`,
+            { cause: err },
+          );
           for (const job of batch) this.#release(job, failure);
           continue;
         }

@@ -40,9 +40,18 @@ function errorType(status: number): string {
   return 'invalid_request_error';
 }
 
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
   const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
+  res.writeHead(status, {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(text),
+    ...headers,
+  });
   res.end(text);
 }
 
@@ -52,7 +61,12 @@ function sendError(res: ServerResponse, err: unknown, headers: Record<string, st
   const message = err instanceof Error ? err.message : String(err);
   const keys = err instanceof HydraError ? err.keys : undefined;
   if (res.headersSent) return;
-  sendJson(res, status, { error: { message, type: errorType(status), code, ...(keys?.length ? { keys } : {}) } }, headers);
+  sendJson(
+    res,
+    status,
+    { error: { message, type: errorType(status), code, ...(keys?.length ? { keys } : {}) } },
+    headers,
+  );
 }
 
 /** Reads a JSON body with a size cap (413) and a deadline (408). */
@@ -60,7 +74,9 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
   return new Promise((resolve, reject) => {
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > maxBytes) {
-      reject(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body is ${declared} bytes; the limit is ${maxBytes}`));
+      reject(
+        new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body is ${declared} bytes; the limit is ${maxBytes}`),
+      );
       return;
     }
     const chunks: Buffer[] = [];
@@ -77,7 +93,13 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
       } else resolve(value);
     };
     const timer = setTimeout(
-      () => finish(new HydraError('HYDRA_ERR_REQUEST_TIMEOUT', `the request body did not arrive within ${timeoutMs} ms`)),
+      () =>
+        finish(
+          new HydraError(
+            'HYDRA_ERR_REQUEST_TIMEOUT',
+            `the request body did not arrive within ${timeoutMs} ms`,
+          ),
+        ),
       timeoutMs,
     );
     req.on('data', (chunk: Buffer) => {
@@ -96,7 +118,9 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
         finish(new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`));
       }
     });
-    req.on('error', (err) => finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)));
+    req.on('error', (err) =>
+      finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)),
+    );
   });
 }
 
@@ -139,7 +163,8 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
     t1 = normalize(delta);
   } catch (err) {
     const e = err as HydraError;
-    const back = (k: string) => Object.entries(T1_FIELDS).find(([f, key]) => key === k && body[f] !== undefined)?.[0] ?? k;
+    const back = (k: string) =>
+      Object.entries(T1_FIELDS).find(([f, key]) => key === k && body[f] !== undefined)?.[0] ?? k;
     throw new HydraError('HYDRA_ERR_BAD_VALUE', e.message, { keys: (e.keys ?? []).map(back), cause: err });
   }
   const cfg = { ...engine.layers.effective(), ...t1 };
@@ -150,7 +175,8 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
       throw badRequest('stop must be a string or an array of at most 16 strings', 'stop');
     }
     stop = body.stop as string[];
-  } else if (body.stop !== undefined && body.stop !== null) throw badRequest('stop must be a string or an array of strings', 'stop');
+  } else if (body.stop !== undefined && body.stop !== null)
+    throw badRequest('stop must be a string or an array of strings', 'stop');
   stop = stop.filter((s) => s.length > 0);
   const n = body.n;
   if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n');
@@ -165,11 +191,13 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
 
 function chatMessages(body: Record<string, unknown>): { role: string; content: string }[] {
   const messages = body.messages;
-  if (!Array.isArray(messages) || messages.length === 0) throw badRequest('messages must be a non-empty array', 'messages');
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw badRequest('messages must be a non-empty array', 'messages');
   return messages.map((m, i) => {
     if (typeof m !== 'object' || m === null) throw badRequest(`messages[${i}] must be an object`, 'messages');
     const { role, content } = m as Record<string, unknown>;
-    if (typeof role !== 'string' || role.length === 0) throw badRequest(`messages[${i}].role must be a string`, 'messages');
+    if (typeof role !== 'string' || role.length === 0)
+      throw badRequest(`messages[${i}].role must be a string`, 'messages');
     let text: string;
     if (typeof content === 'string') text = content;
     else if (content === null || content === undefined) text = '';
@@ -249,7 +277,14 @@ export class HttpApi {
       res.end(text);
       return;
     }
-    const routes = ['/v1/models', '/models', '/v1/chat/completions', '/chat/completions', '/v1/completions', '/completions'];
+    const routes = [
+      '/v1/models',
+      '/models',
+      '/v1/chat/completions',
+      '/chat/completions',
+      '/v1/completions',
+      '/completions',
+    ];
     if (!routes.includes(path)) {
       req.resume();
       sendError(res, new HydraError('HYDRA_ERR_NOT_FOUND', `no route ${req.method} ${path}`));
@@ -290,10 +325,16 @@ export class HttpApi {
     sendError(res, new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed here`));
   }
 
-  async #complete(req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>, chat: boolean): Promise<void> {
+  async #complete(
+    _req: IncomingMessage,
+    res: ServerResponse,
+    body: Record<string, unknown>,
+    chat: boolean,
+  ): Promise<void> {
     const { engine } = this.#opts;
     const stream = body.stream === true;
-    if (body.stream !== undefined && typeof body.stream !== 'boolean') throw badRequest('stream must be a boolean', 'stream');
+    if (body.stream !== undefined && typeof body.stream !== 'boolean')
+      throw badRequest('stream must be a boolean', 'stream');
     let promptText: string;
     if (chat) {
       const messages = chatMessages(body);
@@ -317,14 +358,31 @@ export class HttpApi {
     let onText: ((t: string) => void) | undefined;
     const chunk = (delta: Record<string, unknown>, finish: string | null) =>
       chat
-        ? { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason: finish }] }
-        : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }] };
+        ? {
+            id,
+            object: 'chat.completion.chunk',
+            created,
+            model,
+            choices: [{ index: 0, delta, finish_reason: finish }],
+          }
+        : {
+            id,
+            object: 'text_completion',
+            created,
+            model,
+            choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }],
+          };
     const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
     if (stream) {
       let first = true;
       onText = (text) => {
         if (!res.headersSent) {
-          res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...epochHeaders });
+          res.writeHead(200, {
+            'content-type': 'text/event-stream',
+            'cache-control': 'no-cache',
+            connection: 'keep-alive',
+            ...epochHeaders,
+          });
         }
         write(chunk(first && chat ? { role: 'assistant', content: text } : { content: text }, null));
         first = false;
@@ -358,15 +416,33 @@ export class HttpApi {
     const headers = { 'x-hydra-config-epoch': String(result.epoch) };
     if (stream) {
       if (!res.headersSent) {
-        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...headers });
+        res.writeHead(200, {
+          'content-type': 'text/event-stream',
+          'cache-control': 'no-cache',
+          connection: 'keep-alive',
+          ...headers,
+        });
       }
       write(chunk(chat ? {} : { content: '' }, result.finishReason));
-      if (includeUsage) write({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage });
+      if (includeUsage)
+        write({
+          id,
+          object: chat ? 'chat.completion.chunk' : 'text_completion',
+          created,
+          model,
+          choices: [],
+          usage,
+        });
       res.end('data: [DONE]\n\n');
       return;
     }
     const choice = chat
-      ? { index: 0, message: { role: 'assistant', content: result.text }, finish_reason: result.finishReason, logprobs: null }
+      ? {
+          index: 0,
+          message: { role: 'assistant', content: result.text },
+          finish_reason: result.finishReason,
+          logprobs: null,
+        }
       : { index: 0, text: result.text, finish_reason: result.finishReason, logprobs: null };
     sendJson(
       res,

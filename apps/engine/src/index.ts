@@ -1,4 +1,4 @@
-export { type ServeArgs, type ServeSettings, parseServeArgs, readConfigFile, usage } from './args.js';
+export { parseServeArgs, readConfigFile, type ServeArgs, type ServeSettings, usage } from './args.js';
 export {
   contextParamsFrom,
   Engine,
@@ -9,8 +9,8 @@ export {
   type GenerationParams,
   type GenerationResult,
   modelParamsFrom,
-  samplerParamsFrom,
   type SubmitOptions,
+  samplerParamsFrom,
 } from './engine.js';
 export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';
 export { generationParams, HttpApi, type HttpOptions } from './http.js';

@@ -1,7 +1,13 @@
 import type { HydraPortStats } from '@hydra-engine/hydra-rpc';
 import type { Engine } from './engine.js';
 
-type Sample = [name: string, type: 'counter' | 'gauge', help: string, value: number, labels?: Record<string, string>];
+type Sample = [
+  name: string,
+  type: 'counter' | 'gauge',
+  help: string,
+  value: number,
+  labels?: Record<string, string>,
+];
 
 /** Prometheus text exposition of the engine's counters and the merged port's pool stats. */
 export function renderMetrics(engine: Engine, port: HydraPortStats | undefined): string {
@@ -13,8 +19,18 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
     ['hydra_model_load_seconds', 'gauge', 'duration of the last model load', c.loadSeconds],
     ['hydra_prompt_tokens_total', 'counter', 'prompt tokens evaluated', c.promptTokens],
     ['hydra_generated_tokens_total', 'counter', 'tokens generated', c.generatedTokens],
-    ['hydra_tokens_per_second', 'gauge', 'generated tokens per second over the last 10 s', engine.tokensPerSecond()],
-    ['hydra_decode_steps_total', 'counter', 'native decode calls (one per step for all slots)', c.decodeSteps],
+    [
+      'hydra_tokens_per_second',
+      'gauge',
+      'generated tokens per second over the last 10 s',
+      engine.tokensPerSecond(),
+    ],
+    [
+      'hydra_decode_steps_total',
+      'counter',
+      'native decode calls (one per step for all slots)',
+      c.decodeSteps,
+    ],
     ['hydra_decode_seconds_total', 'counter', 'time spent in native decode', c.decodeSeconds],
     ['hydra_queue_depth', 'gauge', 'requests waiting for a slot', engine.queueDepth],
     ['hydra_slots_total', 'gauge', 'slots (n_parallel)', engine.slots.total],
@@ -22,17 +38,43 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
     ['hydra_requests_rejected_queue_full_total', 'counter', 'requests answered 429', c.rejectedQueueFull],
   ];
   for (const [reason, n] of Object.entries(c.requests)) {
-    samples.push(['hydra_requests_total', 'counter', 'finished requests by outcome', n, { finish_reason: reason }]);
+    samples.push([
+      'hydra_requests_total',
+      'counter',
+      'finished requests by outcome',
+      n,
+      { finish_reason: reason },
+    ]);
   }
   if (port) {
     samples.push(
-      ['hydra_port_connections_total', 'counter', 'connections accepted on the merged port', num(port.connections, 'accepted')],
+      [
+        'hydra_port_connections_total',
+        'counter',
+        'connections accepted on the merged port',
+        num(port.connections, 'accepted'),
+      ],
       ['hydra_rpc_sessions_active', 'gauge', 'ggml-RPC sessions being served', port.rpc.active],
       ['hydra_rpc_sessions_queued', 'gauge', 'ggml-RPC connections waiting for a worker', port.rpc.queued],
       ['hydra_rpc_sessions_served_total', 'counter', 'ggml-RPC sessions finished', port.rpc.served],
-      ['hydra_rpc_sessions_refused_total', 'counter', 'ggml-RPC connections refused (pool and queue full)', port.rpc.refused],
-      ['hydra_rpc_sessions_failed_total', 'counter', 'ggml-RPC sessions whose worker failed', port.rpc.failed],
-      ['hydra_rpc_bytes_in_total', 'counter', 'bytes received by ggml-RPC sessions', num(port.rpc, 'bytesIn')],
+      [
+        'hydra_rpc_sessions_refused_total',
+        'counter',
+        'ggml-RPC connections refused (pool and queue full)',
+        port.rpc.refused,
+      ],
+      [
+        'hydra_rpc_sessions_failed_total',
+        'counter',
+        'ggml-RPC sessions whose worker failed',
+        port.rpc.failed,
+      ],
+      [
+        'hydra_rpc_bytes_in_total',
+        'counter',
+        'bytes received by ggml-RPC sessions',
+        num(port.rpc, 'bytesIn'),
+      ],
       ['hydra_rpc_bytes_out_total', 'counter', 'bytes sent by ggml-RPC sessions', num(port.rpc, 'bytesOut')],
     );
   }
@@ -43,7 +85,11 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
       seen.add(name);
     }
-    const l = labels ? `{${Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/["\\\n]/g, '_')}"`).join(',')}}` : '';
+    const l = labels
+      ? `{${Object.entries(labels)
+          .map(([k, v]) => `${k}="${v.replace(/["\\\n]/g, '_')}"`)
+          .join(',')}}`
+      : '';
     out.push(`${name}${l} ${Number.isFinite(value) ? value : 0}`);
   }
   return `${out.join('\n')}\n`;

@@ -35,9 +35,10 @@ export async function computePlacement(path: string, cfg: Params, devices: Devic
     await src.close();
   }
   const named = (cfg.devices as string[]) ?? [];
-  const offload = named.length > 0
-    ? named.map((n) => devices.find((d) => d.name === n)).filter((d): d is Device => d !== undefined)
-    : devices.filter((d) => d.type !== 'cpu');
+  const offload =
+    named.length > 0
+      ? named.map((n) => devices.find((d) => d.name === n)).filter((d): d is Device => d !== undefined)
+      : devices.filter((d) => d.type !== 'cpu');
   const nLayer = facts.layers.length;
   const ngl = cfg.n_gpu_layers as number;
   const split = (cfg.tensor_split as number[]) ?? [];
@@ -52,10 +53,19 @@ export async function computePlacement(path: string, cfg: Params, devices: Devic
     ...(ngl >= 0 ? { nGpuLayers: ngl } : {}),
     ...(split.length > 0 ? { tensorSplit: split } : {}),
   });
-  const firstOffloaded = Math.min(...plan.devices.filter((d) => d.layers).map((d) => d.layers!.first), nLayer);
+  const firstOffloaded = Math.min(
+    ...plan.devices.filter((d) => d.layers).map((d) => d.layers!.first),
+    nLayer,
+  );
   if (firstOffloaded > 0) {
     const outputOnDevice = plan.devices.some((d) => d.output);
-    rows.push({ device: 'CPU', description: 'host', first: 0, last: firstOffloaded - 1, output: !outputOnDevice });
+    rows.push({
+      device: 'CPU',
+      description: 'host',
+      first: 0,
+      last: firstOffloaded - 1,
+      output: !outputOnDevice,
+    });
   }
   for (const d of plan.devices) {
     if (!d.layers && !d.output) continue;
@@ -74,7 +84,12 @@ export async function computePlacement(path: string, cfg: Params, devices: Devic
 /** One line per row: `layers 0-1 on CPU (host)`. */
 export function formatPlacement(p: Placement): string[] {
   return p.rows.map((r) => {
-    const layers = r.first < 0 ? 'no repeating layers' : r.first === r.last ? `layer ${r.first}` : `layers ${r.first}-${r.last}`;
+    const layers =
+      r.first < 0
+        ? 'no repeating layers'
+        : r.first === r.last
+          ? `layer ${r.first}`
+          : `layers ${r.first}-${r.last}`;
     return `${layers}${r.output ? ' + output' : ''} on ${r.device}${r.description ? ` (${r.description})` : ''}`;
   });
 }

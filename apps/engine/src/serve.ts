@@ -29,7 +29,10 @@ export interface StartOptions {
   rpcWorkerFilename?: string;
 }
 
-function progressPrinter(mode: ServeArgs['settings']['progress'], out: { write(t: string): unknown; isTTY?: boolean }) {
+function progressPrinter(
+  mode: ServeArgs['settings']['progress'],
+  out: { write(t: string): unknown; isTTY?: boolean },
+) {
   const bar = mode === 'bar' || (mode === 'auto' && out.isTTY === true);
   if (mode === 'off') return undefined;
   let lastLine = -1;
@@ -38,7 +41,9 @@ function progressPrinter(mode: ServeArgs['settings']['progress'], out: { write(t
     if (bar) {
       const width = 30;
       const filled = Math.round(p * width);
-      out.write(`\rloading model [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${String(pct).padStart(3)}%${p >= 1 ? '\n' : ''}`);
+      out.write(
+        `\rloading model [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${String(pct).padStart(3)}%${p >= 1 ? '\n' : ''}`,
+      );
     } else if (pct >= lastLine + 10 || (p >= 1 && lastLine < 100)) {
       lastLine = pct >= 100 ? 100 : pct - (pct % 10);
       out.write(`hydra-engine: loading model ${pct}%\n`);
@@ -80,7 +85,9 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     port = new HydraPort({
       host,
       port: wantedRpc,
-      allowFrom: (t4.control_allow_from as string[]).map((c) => c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8')),
+      allowFrom: (t4.control_allow_from as string[]).map((c) =>
+        c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8'),
+      ),
       native: { peekFirstByte, detachFd, shutdownFd },
       rpcWorker: { filename: options.rpcWorkerFilename ?? rpcWorkerPath },
       logger: { info, warn: info, error: info },
@@ -90,17 +97,23 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       engine: { name: 'hydra-engine', version: ENGINE_VERSION },
       ggml_rpc: { major: 6, minor: 0, patch: 0 },
       opcodes: Object.values(OPCODES).filter((o) => o !== OPCODES.PIPELINE_ATTACH),
-      devices: engine.devices().map(({ name, description, free, total }) => ({ name, description, free, total })),
+      devices: engine
+        .devices()
+        .map(({ name, description, free, total }) => ({ name, description, free, total })),
     }));
     port.handle('STATUS', () => statusOf(engine));
     try {
       rpcPort = (await port.listen()).port;
     } catch (err) {
       await http.close();
-      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `cannot listen on --rpc-port ${wantedRpc}: ${(err as Error).message}`, {
-        keys: ['--rpc-port'],
-        cause: err,
-      });
+      throw new HydraError(
+        'HYDRA_ERR_BAD_ARGUMENT',
+        `cannot listen on --rpc-port ${wantedRpc}: ${(err as Error).message}`,
+        {
+          keys: ['--rpc-port'],
+          cause: err,
+        },
+      );
     }
     info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
   }
@@ -115,9 +128,13 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
           `hydra-engine: model ready: ${engine.modelPath} (${m.arch}, ${m.nLayer} layers, ${engine.slots.total} slots of ` +
             `${engine.slots.nCtxSeq} tokens) in ${engine.counters.loadSeconds.toFixed(2)} s, epoch ${engine.epoch}`,
         );
-        for (const line of formatPlacement(engine.placement ?? { nLayer: 0, rows: [] })) info(`hydra-engine:   ${line}`);
+        for (const line of formatPlacement(engine.placement ?? { nLayer: 0, rows: [] }))
+          info(`hydra-engine:   ${line}`);
       })
-      .catch((err: HydraError) => void info(`hydra-engine: ${err.code ?? 'HYDRA_ERR_LOAD_FAILED'}: ${err.message}`));
+      .catch(
+        (err: HydraError) =>
+          void info(`hydra-engine: ${err.code ?? 'HYDRA_ERR_LOAD_FAILED'}: ${err.message}`),
+      );
   }
   return {
     engine,
@@ -140,14 +157,24 @@ export function statusOf(engine: Engine) {
   return {
     state: engine.state,
     model: m
-      ? { path: engine.modelPath ?? '', arch: m.arch, n_layer: m.nLayer, n_params: m.nParams, size: m.size, n_ctx_train: m.nCtxTrain }
+      ? {
+          path: engine.modelPath ?? '',
+          arch: m.arch,
+          n_layer: m.nLayer,
+          n_params: m.nParams,
+          size: m.size,
+          n_ctx_train: m.nCtxTrain,
+        }
       : null,
-    mode: (engine.layers.get('rpc_servers') as string[]).length > 0 ? ('combined' as const) : ('solo' as const),
+    mode:
+      (engine.layers.get('rpc_servers') as string[]).length > 0 ? ('combined' as const) : ('solo' as const),
     epoch: engine.epoch,
     applied: engine.layers.overrides(),
     deferred_keys: [] as string[],
     slots: { total: engine.slots.total, busy: engine.slots.busy },
-    devices: engine.devices().map(({ name, description, free, total }) => ({ name, description, free, total })),
+    devices: engine
+      .devices()
+      .map(({ name, description, free, total }) => ({ name, description, free, total })),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
   };
 }

@@ -1,11 +1,14 @@
 import { existsSync } from 'node:fs';
+import { formatPlanTable, modelFactsFromGguf, planSplit, planToJSON, readGguf } from '@hydra-engine/resolver';
 import { HydraError } from './errors.js';
 import { fileSource } from './placement.js';
-import { formatPlanTable, modelFactsFromGguf, planSplit, planToJSON, readGguf } from '@hydra-engine/resolver';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
-function takeFlags(argv: readonly string[], known: Record<string, 'value' | 'flag' | 'repeat'>): Map<string, string[]> {
+function takeFlags(
+  argv: readonly string[],
+  known: Record<string, 'value' | 'flag' | 'repeat'>,
+): Map<string, string[]> {
   const out = new Map<string, string[]>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
@@ -16,10 +19,12 @@ function takeFlags(argv: readonly string[], known: Record<string, 'value' | 'fla
     let value = 'true';
     if (kind !== 'flag') {
       const v = eq > 0 ? arg.slice(eq + 1) : argv[++i];
-      if (v === undefined || v === '') throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} needs a value`, { keys: [name] });
+      if (v === undefined || v === '')
+        throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} needs a value`, { keys: [name] });
       value = v;
     }
-    if (kind !== 'repeat' && out.has(name)) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} given twice`, { keys: [name] });
+    if (kind !== 'repeat' && out.has(name))
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} given twice`, { keys: [name] });
     out.set(name, [...(out.get(name) ?? []), value]);
   }
   return out;
@@ -29,7 +34,9 @@ function intFlag(flags: Map<string, string[]>, name: string, fallback: number, m
   const raw = flags.get(name)?.[0];
   if (raw === undefined) return fallback;
   if (!/^-?\d+$/.test(raw) || Number(raw) < min) {
-    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} must be an integer >= ${min}, got ${raw}`, { keys: [name] });
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} must be an integer >= ${min}, got ${raw}`, {
+      keys: [name],
+    });
   }
   return Number(raw);
 }
@@ -37,19 +44,38 @@ function intFlag(flags: Map<string, string[]>, name: string, fallback: number, m
 /** `hydra-engine plan`: the resolver's split plan for a GGUF over named devices. */
 export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
   const flags = takeFlags(argv, {
-    '--model': 'value', '-m': 'value', '--device': 'repeat', '--ctx': 'value', '-c': 'value',
-    '--cache-type-k': 'value', '--cache-type-v': 'value', '--parallel': 'value', '-np': 'value',
-    '-ngl': 'value', '--n-gpu-layers': 'value', '-ts': 'value', '--tensor-split': 'value', '--json': 'flag',
+    '--model': 'value',
+    '-m': 'value',
+    '--device': 'repeat',
+    '--ctx': 'value',
+    '-c': 'value',
+    '--cache-type-k': 'value',
+    '--cache-type-v': 'value',
+    '--parallel': 'value',
+    '-np': 'value',
+    '-ngl': 'value',
+    '--n-gpu-layers': 'value',
+    '-ts': 'value',
+    '--tensor-split': 'value',
+    '--json': 'flag',
   });
   const model = flags.get('--model')?.[0] ?? flags.get('-m')?.[0];
-  if (!model) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs --model FILE', { keys: ['--model'] });
-  if (!existsSync(model)) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `no such model file: ${model}`, { keys: ['--model'] });
+  if (!model)
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs --model FILE', { keys: ['--model'] });
+  if (!existsSync(model))
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `no such model file: ${model}`, { keys: ['--model'] });
   const devices = (flags.get('--device') ?? []).map((d) => {
     const m = /^([^=]+)=(\d+(?:\.\d+)?)$/.exec(d);
-    if (!m) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `--device must be NAME=FREE_MIB, got ${d}`, { keys: ['--device'] });
+    if (!m)
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `--device must be NAME=FREE_MIB, got ${d}`, {
+        keys: ['--device'],
+      });
     return { name: m[1]!, freeBytes: Math.round(Number(m[2]) * 1024 * 1024) };
   });
-  if (devices.length === 0) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs at least one --device NAME=FREE_MIB', { keys: ['--device'] });
+  if (devices.length === 0)
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs at least one --device NAME=FREE_MIB', {
+      keys: ['--device'],
+    });
   const src = await fileSource(model);
   let facts: ReturnType<typeof modelFactsFromGguf>;
   try {
@@ -68,7 +94,9 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
     ...(ts ? { tensorSplit: ts.split(',').map(Number) } : {}),
     ...(ngl !== undefined ? { nGpuLayers: Number(ngl) } : {}),
   });
-  io.stdout.write(flags.has('--json') ? `${JSON.stringify(planToJSON(plan))}\n` : `${formatPlanTable(plan)}\n`);
+  io.stdout.write(
+    flags.has('--json') ? `${JSON.stringify(planToJSON(plan))}\n` : `${formatPlanTable(plan)}\n`,
+  );
 }
 
 /** Figures of one `bench-client` run. */
@@ -83,14 +111,19 @@ export interface BenchResult {
 }
 
 /** Streams one completion; returns tokens (SSE chunks with text) and time to the first one. */
-async function streamOne(url: string, body: object, apiKey?: string): Promise<{ tokens: number; ttftMs: number; ms: number }> {
+async function streamOne(
+  url: string,
+  body: object,
+  apiKey?: string,
+): Promise<{ tokens: number; ttftMs: number; ms: number }> {
   const t0 = performance.now();
   const res = await fetch(`${url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
   });
-  if (!res.ok || !res.body) throw new HydraError('HYDRA_ERR_BAD_REQUEST', `engine answered ${res.status}: ${await res.text()}`);
+  if (!res.ok || !res.body)
+    throw new HydraError('HYDRA_ERR_BAD_REQUEST', `engine answered ${res.status}: ${await res.text()}`);
   let ttft = -1;
   let tokens = 0;
   let buf = '';
@@ -115,8 +148,13 @@ async function streamOne(url: string, body: object, apiKey?: string): Promise<{ 
 /** `hydra-engine bench-client`: drives an engine's HTTP API and prints tokens/s. */
 export async function runBenchClient(argv: readonly string[], io: Io): Promise<BenchResult> {
   const flags = takeFlags(argv, {
-    '--url': 'value', '--requests': 'value', '--concurrency': 'value', '--max-tokens': 'value',
-    '--prompt': 'value', '--api-key': 'value', '--json': 'flag',
+    '--url': 'value',
+    '--requests': 'value',
+    '--concurrency': 'value',
+    '--max-tokens': 'value',
+    '--prompt': 'value',
+    '--api-key': 'value',
+    '--json': 'flag',
   });
   const url = (flags.get('--url')?.[0] ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
   const requests = intFlag(flags, '--requests', 8, 1);
@@ -146,7 +184,9 @@ export async function runBenchClient(argv: readonly string[], io: Io): Promise<B
     seconds: Number(seconds.toFixed(3)),
     tokensPerSecond: Number((completionTokens / seconds).toFixed(1)),
     perStreamTokensPerSecond: Number(
-      (runs.reduce((s, r) => s + (r.tokens * 1000) / Math.max(r.ms - r.ttftMs, 1), 0) / runs.length).toFixed(1),
+      (runs.reduce((s, r) => s + (r.tokens * 1000) / Math.max(r.ms - r.ttftMs, 1), 0) / runs.length).toFixed(
+        1,
+      ),
     ),
     ttftMsMedian: Number((ttfts[Math.floor(ttfts.length / 2)] ?? 0).toFixed(1)),
   };

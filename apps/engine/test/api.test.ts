@@ -44,7 +44,12 @@ describe('OpenAI client against a running engine', () => {
 
   it('chat completion with usage and finish_reason, epoch header', async () => {
     const { data, response } = await client.chat.completions
-      .create({ model: 'tiny', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 12, temperature: 0 })
+      .create({
+        model: 'tiny',
+        messages: [{ role: 'user', content: 'hello world' }],
+        max_tokens: 12,
+        temperature: 0,
+      })
       .withResponse();
     expect(response.headers.get('x-hydra-config-epoch')).toBe('1');
     expect(data.object).toBe('chat.completion');
@@ -56,9 +61,18 @@ describe('OpenAI client against a running engine', () => {
   });
 
   it('streams a chat completion whose text equals the non-streamed one', async () => {
-    const req = { model: 'tiny', messages: [{ role: 'user' as const, content: 'the world' }], max_tokens: 16, temperature: 0 };
+    const req = {
+      model: 'tiny',
+      messages: [{ role: 'user' as const, content: 'the world' }],
+      max_tokens: 16,
+      temperature: 0,
+    };
     const whole = await client.chat.completions.create(req);
-    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      ...req,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     let text = '';
     let finish: string | null = null;
     let usage: { completion_tokens: number } | undefined;
@@ -87,7 +101,14 @@ describe('OpenAI client against a running engine', () => {
     const full = await client.completions.create({ model: 'tiny', prompt, max_tokens: 24, temperature: 0 });
     const text = full.choices[0]!.text;
     const stop = text.slice(6, 9);
-    const stream = await client.completions.create({ model: 'tiny', prompt, max_tokens: 24, temperature: 0, stop: [stop], stream: true });
+    const stream = await client.completions.create({
+      model: 'tiny',
+      prompt,
+      max_tokens: 24,
+      temperature: 0,
+      stop: [stop],
+      stream: true,
+    });
     let got = '';
     let finish: string | null = null;
     for await (const chunk of stream) {
@@ -99,7 +120,16 @@ describe('OpenAI client against a running engine', () => {
   });
 
   it('seeded sampling is reproducible and T1 settings apply per request', async () => {
-    const req = { model: 'tiny', prompt: 'once upon', max_tokens: 16, temperature: 1.5, top_k: 50, top_p: 0.9, min_p: 0.01, seed: 7 };
+    const req = {
+      model: 'tiny',
+      prompt: 'once upon',
+      max_tokens: 16,
+      temperature: 1.5,
+      top_k: 50,
+      top_p: 0.9,
+      min_p: 0.01,
+      seed: 7,
+    };
     const a = await client.completions.create(req);
     const b = await client.completions.create(req);
     expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
@@ -122,7 +152,10 @@ describe('OpenAI client against a running engine', () => {
         } as never);
         let tokens = 0;
         let finish: string | null = null;
-        for await (const chunk of stream as AsyncIterable<{ usage?: { completion_tokens: number }; choices: { finish_reason: string | null }[] }>) {
+        for await (const chunk of stream as unknown as AsyncIterable<{
+          usage?: { completion_tokens: number };
+          choices: { finish_reason: string | null }[];
+        }>) {
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
           finish = chunk.choices[0]?.finish_reason ?? finish;
         }
@@ -148,13 +181,26 @@ describe('OpenAI client against a running engine', () => {
     ac.abort();
     await waitFor(async () => eng.engine.slots.busy === 0, 5000);
     expect(eng.engine.counters.requests.cancelled).toBe(before + 1);
-    const after = await client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 2, temperature: 0 });
+    const after = await client.completions.create({
+      model: 'tiny',
+      prompt: 'x',
+      max_tokens: 2,
+      temperature: 0,
+    });
     expect(after.usage!.completion_tokens).toBe(2);
   });
 
   it('serves /metrics in Prometheus text', async () => {
     const text = await (await fetch(`${eng.url}/metrics`)).text();
-    for (const name of ['hydra_tokens_per_second', 'hydra_generated_tokens_total', 'hydra_prompt_tokens_total', 'hydra_queue_depth', 'hydra_slots_busy', 'hydra_model_load_seconds', 'hydra_config_epoch']) {
+    for (const name of [
+      'hydra_tokens_per_second',
+      'hydra_generated_tokens_total',
+      'hydra_prompt_tokens_total',
+      'hydra_queue_depth',
+      'hydra_slots_busy',
+      'hydra_model_load_seconds',
+      'hydra_config_epoch',
+    ]) {
       expect(text).toMatch(new RegExp(`^${name}(\\{[^}]*\\})? [0-9.e+-]+$`, 'm'));
     }
     expect(Number(/^hydra_generated_tokens_total (\d+)/m.exec(text)![1])).toBeGreaterThan(100);

@@ -19,7 +19,10 @@ const quiet = { write: () => true };
 
 /** An in-process engine on 127.0.0.1 with an ephemeral port, model loaded. */
 export async function engineWith(flags: string[]): Promise<RunningEngine & { url: string }> {
-  const running = await startEngine(parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', ...flags]), { log: quiet });
+  const running = await startEngine(
+    parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', ...flags]),
+    { log: quiet },
+  );
   await running.loaded;
   return Object.assign(running, { url: `http://127.0.0.1:${running.httpPort}` });
 }
@@ -29,8 +32,12 @@ export function runCli(args: string[], timeoutMs = 20_000): Promise<{ code: numb
   return new Promise((resolve) => {
     const p = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
-    p.stdout.on('data', (d) => (out += d));
-    p.stderr.on('data', (d) => (out += d));
+    p.stdout.on('data', (d) => {
+      out += d;
+    });
+    p.stderr.on('data', (d) => {
+      out += d;
+    });
     const timer = setTimeout(() => p.kill('SIGKILL'), timeoutMs);
     p.on('exit', (code) => {
       clearTimeout(timer);

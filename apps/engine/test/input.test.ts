@@ -1,5 +1,5 @@
-import { request } from 'node:http';
 import { spawn } from 'node:child_process';
+import { request } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CLI, engineWith, runCli, tinyModel } from './helpers.js';
 
@@ -8,14 +8,29 @@ let eng: Awaited<ReturnType<typeof engineWith>>;
 
 beforeAll(async () => {
   model = await tinyModel();
-  eng = await engineWith(['-m', model, '-np', '1', '--max-queue', '0', '--max-body-bytes', '2048', '--body-timeout-ms', '300']);
+  eng = await engineWith([
+    '-m',
+    model,
+    '-np',
+    '1',
+    '--max-queue',
+    '0',
+    '--max-body-bytes',
+    '2048',
+    '--body-timeout-ms',
+    '300',
+  ]);
 }, 60_000);
 afterAll(async () => {
   await eng?.close();
 });
 
 async function post(path: string, body: string, headers: Record<string, string> = {}) {
-  const res = await fetch(`${eng.url}${path}`, { method: 'POST', body, headers: { 'content-type': 'application/json', ...headers } });
+  const res = await fetch(`${eng.url}${path}`, {
+    method: 'POST',
+    body,
+    headers: { 'content-type': 'application/json', ...headers },
+  });
   return { status: res.status, body: (await res.json()) as { error?: { code: string; keys?: string[] } } };
 }
 
@@ -24,11 +39,15 @@ describe('bad input', () => {
     expect((await post('/v1/completions', '{nope')).body.error!.code).toBe('HYDRA_ERR_BAD_JSON');
     expect((await post('/v1/completions', '[1]')).status).toBe(400);
     expect((await post('/v1/completions', '{"prompt": 5}')).body.error!.code).toBe('HYDRA_ERR_BAD_REQUEST');
-    expect((await post('/v1/chat/completions', '{"messages": []}')).body.error!.code).toBe('HYDRA_ERR_BAD_REQUEST');
+    expect((await post('/v1/chat/completions', '{"messages": []}')).body.error!.code).toBe(
+      'HYDRA_ERR_BAD_REQUEST',
+    );
     const hot = await post('/v1/completions', '{"prompt": "x", "temperature": "hot"}');
     expect(hot.status).toBe(400);
     expect(hot.body.error).toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE', keys: ['temperature'] });
-    expect((await post('/v1/completions', '{"prompt": "x", "top_p": 7}')).body.error!.code).toBe('HYDRA_ERR_BAD_VALUE');
+    expect((await post('/v1/completions', '{"prompt": "x", "top_p": 7}')).body.error!.code).toBe(
+      'HYDRA_ERR_BAD_VALUE',
+    );
     expect((await post('/v1/completions', '{"prompt": "x", "stop": [1]}')).status).toBe(400);
   });
 
@@ -42,10 +61,14 @@ describe('bad input', () => {
 
   it('408 for a body that stops arriving', async () => {
     const status = await new Promise<number>((resolve, reject) => {
-      const req = request(`${eng.url}/v1/completions`, { method: 'POST', headers: { 'content-length': '100' } }, (res) => {
-        res.resume();
-        resolve(res.statusCode!);
-      });
+      const req = request(
+        `${eng.url}/v1/completions`,
+        { method: 'POST', headers: { 'content-length': '100' } },
+        (res) => {
+          res.resume();
+          resolve(res.statusCode!);
+        },
+      );
       req.on('error', reject);
       req.write('{"prompt": ');
     });
@@ -85,7 +108,10 @@ describe('process', () => {
       expect(performance.now() - t0).toBeLessThan(1000);
       expect(health.state).toBe('empty');
       for (const path of ['/v1/chat/completions', '/v1/completions']) {
-        const res = await fetch(`${url}${path}`, { method: 'POST', body: JSON.stringify({ prompt: 'x', messages: [{ role: 'user', content: 'x' }] }) });
+        const res = await fetch(`${url}${path}`, {
+          method: 'POST',
+          body: JSON.stringify({ prompt: 'x', messages: [{ role: 'user', content: 'x' }] }),
+        });
         expect(res.status).toBe(503);
         expect(((await res.json()) as { error: { code: string } }).error.code).toBe('HYDRA_ERR_NO_MODEL');
       }
@@ -96,7 +122,14 @@ describe('process', () => {
   });
 
   it('exits 2 with a clear message on bad flags and bad config', async () => {
-    for (const args of [['--bogus'], ['-c', 'many'], ['-fa', 'maybe'], ['--port'], ['--config', '/nonexistent.yaml'], ['--temp', '500']]) {
+    for (const args of [
+      ['--bogus'],
+      ['-c', 'many'],
+      ['-fa', 'maybe'],
+      ['--port'],
+      ['--config', '/nonexistent.yaml'],
+      ['--temp', '500'],
+    ]) {
       const r = await runCli(args);
       expect(r.code, args.join(' ')).toBe(2);
       expect(r.out).toMatch(/HYDRA_ERR_(BAD_ARGUMENT|CONFIG_INVALID)/);
@@ -120,7 +153,16 @@ describe('process', () => {
   });
 
   it('plan and synth-model subcommands', async () => {
-    const plan = await runCli(['plan', '--model', model, '--device', 'CUDA0=100', '--device', 'RPC0=100', '--json']);
+    const plan = await runCli([
+      'plan',
+      '--model',
+      model,
+      '--device',
+      'CUDA0=100',
+      '--device',
+      'RPC0=100',
+      '--json',
+    ]);
     expect(plan.code).toBe(0);
     const json = JSON.parse(plan.out) as { devices: { name: string }[] };
     expect(json.devices.map((d) => d.name)).toEqual(['CUDA0', 'RPC0']);

@@ -11,7 +11,12 @@ it('the single executable starts from a copied folder with a clean environment a
   const model = await tinyModel();
   const dir = mkdtempSync(join(tmpdir(), 'hydra-sea-'));
   for (const name of readdirSync(dist)) {
-    if (name === 'hydra-engine' || name.endsWith('.node') || name.endsWith('.cjs') || /\.so(\.\d+)?$/.test(name)) {
+    if (
+      name === 'hydra-engine' ||
+      name.endsWith('.node') ||
+      name.endsWith('.cjs') ||
+      /\.so(\.\d+)?$/.test(name)
+    ) {
       copyFileSync(join(dist, name), join(dir, name));
     }
   }
@@ -19,7 +24,11 @@ it('the single executable starts from a copied folder with a clean environment a
   const { chmodSync } = await import('node:fs');
   chmodSync(exe, 0o755);
   // No PATH, no HOME, no NODE_*: nothing of this machine's Node install is reachable.
-  const p = spawn(exe, ['-m', model, '--port', '0', '--progress', 'lines', '-t', '1'], { env: {}, cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(exe, ['-m', model, '--port', '0', '--progress', 'lines', '-t', '1'], {
+    env: {},
+    cwd: dir,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   try {
     const url = await new Promise<string>((resolve, reject) => {
       let buf = '';
@@ -31,9 +40,15 @@ it('the single executable starts from a copied folder with a clean environment a
       });
       p.on('exit', (code) => reject(new Error(`exited ${code}: ${buf}`)));
     });
-    const res = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'Hello world', max_tokens: 6, temperature: 0 }) });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'Hello world', max_tokens: 6, temperature: 0 }),
+    });
     expect(res.status).toBe(200);
-    const body = (await res.json()) as { usage: { completion_tokens: number }; choices: { finish_reason: string }[] };
+    const body = (await res.json()) as {
+      usage: { completion_tokens: number };
+      choices: { finish_reason: string }[];
+    };
     expect(body.usage.completion_tokens).toBe(6);
     expect(body.choices[0]!.finish_reason).toBe('length');
   } finally {
