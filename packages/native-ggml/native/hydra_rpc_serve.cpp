@@ -185,6 +185,13 @@ static Napi::Value fd_close(const Napi::CallbackInfo & info) {
     return info.Env().Undefined();
 }
 
+// Ends a served session from outside its worker (shutdown, not close: the worker still owns fd);
+// its blocking recv returns and the session unwinds normally.
+static Napi::Value fd_shutdown(const Napi::CallbackInfo & info) {
+    shutdown(info[0].ToNumber().Int32Value(), SHUT_RDWR);
+    return info.Env().Undefined();
+}
+
 static bool device_is_rpc(ggml_backend_dev_t dev) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     return reg != nullptr && strcmp(ggml_backend_reg_name(reg), "RPC") == 0;
@@ -208,6 +215,45 @@ static std::vector<ggml_backend_dev_t> serve_devices_default() {
     }
     return gpus.empty() ? cpus : gpus;
 }
+
+// Backends of the served devices, created once per worker thread and reused by its sessions (one
+// at a time): creating a CUDA backend per connection would cost milliseconds on every HELLO, and a
+// ggml_backend_t is never shared between threads.
+struct serve_backends {
+    std::vector<ggml_backend_dev_t> devices;
+    size_t threads = 0;
+    std::vector<ggml_backend_t> backends;
+    ~serve_backends() { release(); }
+    void release() {
+        for (auto b : backends) {
+            ggml_backend_free(b);
+        }
+        backends.clear();
+    }
+    bool prepare(const std::vector<ggml_backend_dev_t> & want, size_t n_threads) {
+        if (want == devices && n_threads == threads && !backends.empty()) {
+            return true;
+        }
+        release();
+        devices = want;
+        threads = n_threads;
+        for (ggml_backend_dev_t dev : want) {
+            ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+            if (backend == nullptr) {
+                release();
+                return false;
+            }
+            ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+            auto set_n_threads = reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") : nullptr;
+            if (set_n_threads) {
+                set_n_threads(backend, (int) n_threads);
+            }
+            backends.push_back(backend);
+        }
+        return true;
+    }
+};
+static thread_local serve_backends t_serve_backends;
 
 // serveRpcFd(fd, {devices?, threads?, cacheDir?}, stats?: BigUint64Array(3)) -> session summary.
 // Blocks until the client leaves: call it from a worker thread only. Takes ownership of fd.
@@ -248,7 +294,13 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     // Kept to read the kernel's byte counters once the session (which closes fd) is over.
     int watch_fd = dup(fd);
     auto started = std::chrono::steady_clock::now();
-    bool ok = ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), threads, devices.size(), devices.data(), stats);
+    bool prepared = t_serve_backends.prepare(devices, threads) && !t_serve_backends.backends.empty();
+    bool ok = prepared &&
+              ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), t_serve_backends.backends.size(),
+                                        t_serve_backends.backends.data(), stats);
+    if (!prepared) {
+        close(fd);  // serve_fd owns the fd only once it is called
+    }
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     struct tcp_info ti = {};
     socklen_t len = sizeof(ti);
@@ -278,5 +330,6 @@ void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports) {
     exports.Set("peekFirstByte", Napi::Function::New(env, peek_first_byte));
     exports.Set("detachFd", Napi::Function::New(env, detach_fd));
     exports.Set("fdClose", Napi::Function::New(env, fd_close));
+    exports.Set("fdShutdown", Napi::Function::New(env, fd_shutdown));
     exports.Set("serveRpcFd", Napi::Function::New(env, serve_rpc_fd));
 }

@@ -77,7 +77,7 @@ export function prepareUpstream() {
   const bundle = fetchBundle();
   rmSync(upstreamDir, { recursive: true, force: true });
   console.error('hydra native-ggml: cloning the pinned llama.cpp bundle into upstream/');
-  run('git', ['clone', '--quiet', bundle, upstreamDir]);
+  run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', bundle, upstreamDir]);
   for (const patch of patchFiles()) {
     console.error(`hydra native-ggml: applying ${patch}`);
     try {

@@ -157,6 +157,7 @@ export interface NativeBinding {
   peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
   detachFd(fd: number): number;
   fdClose(fd: number): void;
+  fdShutdown(fd: number): void;
   serveRpcFd(
     fd: number,
     options: { devices?: string[]; threads?: number; cacheDir?: string },
@@ -168,10 +169,11 @@ const packageDir = join(dirname(fileURLToPath(import.meta.url)), '..');
 
 /** Where the loader looks, in order. */
 export function addonCandidates(): string[] {
+  // An explicit choice is the only candidate: falling back behind the user's back would hide a
+  // broken CUDA install behind a slow CPU engine.
   const fromEnv = process.env.HYDRA_NATIVE_ADDON;
-  const list = fromEnv ? [fromEnv] : [];
-  list.push(join(packageDir, 'build-cuda', 'bin', 'hydra_ggml.node'), join(packageDir, 'build', 'bin', 'hydra_ggml.node'));
-  return list;
+  if (fromEnv) return [fromEnv];
+  return [join(packageDir, 'build-cuda', 'bin', 'hydra_ggml.node'), join(packageDir, 'build', 'bin', 'hydra_ggml.node')];
 }
 
 let loaded: { binding: NativeBinding; path: string } | undefined;

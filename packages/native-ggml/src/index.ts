@@ -405,5 +405,10 @@ export function closeFd(fd: number): void {
   native().fdClose(fd);
 }
 
+/** Shuts a served connection down so the worker blocked on it returns (the worker still closes it). */
+export function shutdownFd(fd: number): void {
+  native().fdShutdown(fd);
+}
+
 /** Absolute path of the worker module that serves one ggml-RPC session per task (for piscina). */
 export const rpcWorkerPath: string = new URL('./rpc-worker.js', import.meta.url).pathname;

@@ -1,5 +1,7 @@
 // A piscina worker module: each task serves one ggml-RPC session on a detached fd, blocking this
-// worker thread (not the event loop) until the client leaves.
+// worker thread (not the event loop) until the client leaves. The worker keeps its device backends
+// between sessions (see native/hydra_rpc_serve.cpp).
+import { closeSync } from 'node:fs';
 import { loadBinding } from './binding.js';
 import type { NativeServeSummary } from './binding.js';
 
@@ -16,10 +18,16 @@ export interface RpcServeTask {
 let ready = false;
 
 export default function serve(task: RpcServeTask): NativeServeSummary {
-  const { binding } = loadBinding();
-  if (!ready) {
-    binding.backendInit(4);
-    ready = true;
+  let binding: ReturnType<typeof loadBinding>['binding'];
+  try {
+    binding = loadBinding().binding;
+    if (!ready) {
+      binding.backendInit(4);
+      ready = true;
+    }
+  } catch (err) {
+    closeSync(task.fd); // the fd is ours from the moment the task arrives
+    throw err;
   }
   const options: { devices?: string[]; threads?: number; cacheDir?: string } = {};
   if (task.devices) options.devices = task.devices;

@@ -1,0 +1,137 @@
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { Model, initBackend } from '../src/index.js';
+import { binDir, run, tinyModel } from './helpers.js';
+
+const PROMPT = 'Hello world, this is a test';
+
+async function greedy(model: Model, prompt: string, n: number): Promise<number[]> {
+  const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+  const sampler = model.createSampler({ temp: 0 });
+  try {
+    const tokens = model.tokenize(prompt);
+    let r = await ctx.decode([{ seq: 0, pos: 0, tokens, sampler }]);
+    const out = [r.tokens[0]!];
+    for (let i = 1; i < n; i++) {
+      r = await ctx.decode([{ seq: 0, pos: tokens.length + i - 1, tokens: [out.at(-1)!], sampler }]);
+      out.push(r.tokens[0]!);
+    }
+    return out;
+  } finally {
+    sampler.dispose();
+    await ctx.dispose();
+  }
+}
+
+describe.each(['f32', 'q8_0', 'q4_0'] as const)('greedy generation on the tiny %s model', (quant) => {
+  let path: string;
+  let model: Model;
+  beforeAll(async () => {
+    initBackend();
+    path = await tinyModel(quant);
+    model = await Model.load({ path });
+    return () => model.dispose();
+  });
+
+  it('is deterministic', async () => {
+    expect(await greedy(model, PROMPT, 16)).toEqual(await greedy(model, PROMPT, 16));
+  });
+
+  it('equals upstream llama-simple for the same model and prompt', async () => {
+    const ours = await greedy(model, PROMPT, 16);
+    // llama-simple prints each token's piece (special pieces too) as it goes.
+    const pieces = [...model.tokenize(PROMPT), ...ours].map((t) => model.tokenBytes(t, true));
+    const text = Buffer.concat(pieces).toString('utf8');
+    const { stdout } = await run(join(binDir, 'llama-simple'), ['-m', path, '-n', '16', PROMPT]);
+    expect(stdout.trimEnd()).toBe(text.trimEnd());
+  });
+});
+
+describe('sequences and state', () => {
+  let model: Model;
+  beforeAll(async () => {
+    initBackend();
+    model = await Model.load({ path: await tinyModel('f32') });
+    return () => model.dispose();
+  });
+
+  it('batches several sequences in one step with the same result as one at a time', async () => {
+    const prompts = ['Hello world', 'The quick brown fox', 'one two three four'];
+    const alone = await Promise.all(prompts.map((p) => greedy(model, p, 6)));
+    const ctx = await model.createContext({ nCtx: 512, nBatch: 64, nSeqMax: prompts.length });
+    const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
+    const tokens = prompts.map((p) => model.tokenize(p));
+    const pos = tokens.map((t) => t.length);
+    let r = await ctx.decode(prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })));
+    const outs = prompts.map((_, i) => [r.tokens[i]!]);
+    for (let step = 1; step < 6; step++) {
+      r = await ctx.decode(
+        prompts.map((_, i) => ({ seq: i, pos: pos[i]! + step - 1, tokens: [outs[i]!.at(-1)!], sampler: samplers[i]! })),
+      );
+      outs.forEach((o, i) => o.push(r.tokens[i]!));
+    }
+    expect(outs).toEqual(alone);
+    for (const s of samplers) s.dispose();
+    await ctx.dispose();
+  });
+
+  it('splits a prompt longer than n_batch across native chunks', async () => {
+    const long = Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ');
+    const ctx = await model.createContext({ nCtx: 512, nBatch: 16, nUbatch: 16 });
+    const sampler = model.createSampler({ temp: 0 });
+    const tokens = model.tokenize(long);
+    expect(tokens.length).toBeGreaterThan(16);
+    const r = await ctx.decode([{ seq: 0, pos: 0, tokens, sampler, logits: true }]);
+    const ctx2 = await model.createContext({ nCtx: 512, nBatch: 512 });
+    const r2 = await ctx2.decode([{ seq: 0, pos: 0, tokens, sampler: model.createSampler({ temp: 0 }), logits: true }]);
+    expect(r.tokens[0]).toBe(r2.tokens[0]);
+    expect(r.logits[0]!.length).toBe(model.info.nVocab);
+    sampler.dispose();
+    await ctx.dispose();
+    await ctx2.dispose();
+  });
+
+  it('saves a sequence state and restores it into another context to continue identically', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    const tokens = model.tokenize(PROMPT);
+    let r = await ctx.decode([{ seq: 0, pos: 0, tokens, sampler }]);
+    const first = r.tokens[0]!;
+    const state = await ctx.getSequenceState(0);
+    expect(state.length).toBeGreaterThan(0);
+    const original: number[] = [];
+    let last = first;
+    for (let i = 0; i < 8; i++) {
+      r = await ctx.decode([{ seq: 0, pos: tokens.length + i, tokens: [last], sampler }]);
+      last = r.tokens[0]!;
+      original.push(last);
+    }
+    const ctx2 = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler2 = model.createSampler({ temp: 0 });
+    expect(await ctx2.setSequenceState(0, state)).toBe(state.length);
+    expect(ctx2.sequenceEnd(0)).toBe(tokens.length - 1);
+    const restored: number[] = [];
+    last = first;
+    for (let i = 0; i < 8; i++) {
+      r = await ctx2.decode([{ seq: 0, pos: tokens.length + i, tokens: [last], sampler: sampler2 }]);
+      last = r.tokens[0]!;
+      restored.push(last);
+    }
+    expect(restored).toEqual(original);
+    await expect(ctx2.setSequenceState(0, state.subarray(0, 10))).rejects.toMatchObject({ code: 'HYDRA_ERR_STATE_FAILED' });
+    sampler.dispose();
+    sampler2.dispose();
+    await ctx.dispose();
+    await ctx2.dispose();
+  });
+
+  it('refuses to free a model with live contexts and frees deterministically afterwards', async () => {
+    const m = await Model.load({ path: await tinyModel('q8_0') });
+    const ctx = await m.createContext({ nCtx: 128 });
+    expect(() => m.dispose()).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }));
+    await ctx.dispose();
+    m.dispose();
+    expect(m.disposed).toBe(true);
+    expect(() => m.tokenize('x')).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_DISPOSED' }));
+  });
+});

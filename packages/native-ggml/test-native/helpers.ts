@@ -1,0 +1,122 @@
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { type Server, type Socket, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { detachFd, peekFirstByte, probeRpcServer } from '../src/index.js';
+import { writeSyntheticModel } from '../src/synth/index.js';
+
+export const binDir = fileURLToPath(new URL('../build/bin/', import.meta.url));
+const fixtures = fileURLToPath(new URL('./fixtures/', import.meta.url));
+
+export async function tinyModel(quant: 'f32' | 'q8_0' | 'q4_0' = 'f32', arch: 'llama' | 'moe' = 'llama'): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'hydra-native-'));
+  const out = join(dir, `tiny-${arch}-${quant}.gguf`);
+  await writeSyntheticModel({ arch, shape: 'tiny', quant, seed: 7, out });
+  return out;
+}
+
+export function run(file: string, args: string[], timeoutMs = 60_000): Promise<{ stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    execFile(file, args, { timeout: timeoutMs, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+      if (err) reject(Object.assign(err, { stderr }));
+      else resolve({ stdout, stderr });
+    });
+  });
+}
+
+export interface ClientResult {
+  logits: number[];
+  generated: number[];
+}
+
+/** Runs the RPC client fixture in its own process. */
+export async function rpcClient(model: string, prompt: string, endpoint?: string, ngl?: number): Promise<ClientResult> {
+  const args = [join(fixtures, 'rpc-client.mjs'), model, prompt];
+  if (endpoint) args.push(endpoint, String(ngl));
+  const { stdout } = await run(process.execPath, args, 120_000);
+  return JSON.parse(stdout.trim().split('\n').at(-1)!) as ClientResult;
+}
+
+/**
+ * A minimal merged-port stand-in built from this package's pieces only: peek (not consume) the
+ * first byte, detach the fd, serve the session in a worker thread with rpc-worker.
+ */
+export async function startFdServer(): Promise<{
+  port: number;
+  firstBytes: number[];
+  sessions: Promise<unknown>[];
+  close(): Promise<void>;
+}> {
+  const firstBytes: number[] = [];
+  const sessions: Promise<unknown>[] = [];
+  const server: Server = createServer({ pauseOnConnect: true }, (socket: Socket) => {
+    const fd = (socket as unknown as { _handle: { fd: number } })._handle.fd;
+    peekFirstByte(fd, 5000).then((byte) => {
+      firstBytes.push(byte);
+      if (byte !== 0x0e) {
+        socket.destroy();
+        return;
+      }
+      const served = detachFd(fd);
+      socket.destroy();
+      const stats = new BigUint64Array(new SharedArrayBuffer(24));
+      const worker = new Worker(join(fixtures, 'serve-worker.mjs'), { workerData: { fd: served, stats } });
+      sessions.push(
+        new Promise((resolve, reject) => {
+          worker.once('message', resolve);
+          worker.once('error', reject);
+        }),
+      );
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  if (address === null || typeof address === 'string') throw new Error('no port');
+  return {
+    port: address.port,
+    firstBytes,
+    sessions,
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+export async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  if (address === null || typeof address === 'string') throw new Error('no port');
+  return address.port;
+}
+
+/** Starts the stock upstream ggml-rpc-server built from the same pin; resolves once it listens. */
+export async function startStockRpcServer(): Promise<{ endpoint: string; child: ChildProcess }> {
+  const port = await freePort();
+  const child = spawn(join(binDir, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port)], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const endpoint = `127.0.0.1:${port}`;
+  const deadline = Date.now() + 15_000;
+  // Its stdout is block-buffered on a pipe, so readiness is a HELLO that gets an answer.
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`ggml-rpc-server exited with ${child.exitCode}`);
+    try {
+      await probeRpcServer(endpoint, 1000);
+      break;
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+  return { endpoint: `127.0.0.1:${port}`, child };
+}
+
+export function maxAbsDiff(a: number[], b: number[]): number {
+  if (a.length !== b.length) return Number.POSITIVE_INFINITY;
+  let max = 0;
+  for (let i = 0; i < a.length; i++) max = Math.max(max, Math.abs(a[i]! - b[i]!));
+  return max;
+}
