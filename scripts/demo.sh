@@ -5,4 +5,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pnpm() { bash scripts/pnpm.sh "$@"; }
 pnpm install --frozen-lockfile --reporter=append-only
 pnpm exec turbo run build --output-logs=errors-only
-echo "hydra: build complete (the engine demo lands with apps/engine)"
+node apps/engine/dist/cli.js demo "$@"
