@@ -16,6 +16,7 @@ export const PIN = {
   tarballSha256: '7a231d6bafa14142a1cbed9893d4ec5bc6041b2a5f5939a623accaab4203c11f',
   bundlePath: 'package/llama/gitRelease.bundle',
   bundleSha256: '9336d8aab8f8e6a8919380f3641fe92e57b02fb55df1b6bd083b82491a6293b8',
+  commit: '80fb11ac73e66d89eae2c6a91d8a77428fa733ed',
 };
 
 const pkgDir = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -70,14 +71,30 @@ function fetchBundle() {
   return bundle;
 }
 
+function headOf(dir) {
+  try {
+    return run('git', ['rev-parse', 'HEAD'], { cwd: dir }).trim();
+  } catch {
+    return '';
+  }
+}
+
 export function prepareUpstream() {
   const stampFile = join(upstreamDir, '.hydra-stamp');
   const stamp = stampFor();
   if (existsSync(stampFile) && readFileSync(stampFile, 'utf8') === stamp) return upstreamDir;
-  const bundle = fetchBundle();
-  rmSync(upstreamDir, { recursive: true, force: true });
-  console.error('hydra native-ggml: cloning the pinned llama.cpp bundle into upstream/');
-  run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', bundle, upstreamDir]);
+  if (existsSync(join(upstreamDir, '.git')) && headOf(upstreamDir) === PIN.commit) {
+    // Same pin, other patches: restore only the files the old patches touched, so the incremental
+    // build recompiles those alone instead of the whole tree.
+    console.error('hydra native-ggml: patches changed, re-patching upstream/');
+    run('git', ['checkout', '--quiet', '--', '.'], { cwd: upstreamDir });
+    run('git', ['clean', '-fdq'], { cwd: upstreamDir });
+  } else {
+    const bundle = fetchBundle();
+    rmSync(upstreamDir, { recursive: true, force: true });
+    console.error('hydra native-ggml: cloning the pinned llama.cpp bundle into upstream/');
+    run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', bundle, upstreamDir]);
+  }
   for (const patch of patchFiles()) {
     console.error(`hydra native-ggml: applying ${patch}`);
     try {
