@@ -799,6 +799,10 @@ public:
     Napi::Promise promise() { return deferred.Promise(); }
 
     void Execute() override {
+        c->runner->run([this] { step(); });
+    }
+
+    void step() {
         llama_batch & batch = c->batch;
         const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c->owner->model));
         size_t entry = 0, offset = 0;
@@ -962,6 +966,10 @@ public:
     }
     Napi::Promise promise() { return deferred.Promise(); }
     void Execute() override {
+        c->runner->run([this] { transfer(); });
+    }
+
+    void transfer() {
         if (set) {
             n = llama_state_seq_set_data(c->ctx, data.data(), data.size(), seq);
             if (n == 0) SetError("the state does not fit this context or is corrupt");
@@ -1040,6 +1048,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("stateSeqGet", Napi::Function::New(env, state_seq_get));
     exports.Set("stateSeqSet", Napi::Function::New(env, state_seq_set));
     hydra_rpc_serve_init(env, exports);
+    hydra_combine_init(env, exports);
     return exports;
 }
 

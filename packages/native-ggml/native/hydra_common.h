@@ -4,6 +4,10 @@
 #include <napi.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <thread>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +37,55 @@ struct hydra_model {
     int           n_contexts = 0;
 };
 
+// One OS thread per context that runs all of its compute. libuv hands AsyncWorker jobs to any of its
+// pool threads, and each thread that calls ggml's CPU backend gets its own OpenMP team, which keeps
+// spinning after its region: measured on 2 cores, decode through rotating pool threads ran at 0.10x
+// of llama-bench and on one pinned thread at 0.67x (tiny model, where the per-call cost dominates).
+class hydra_runner {
+public:
+    hydra_runner() : thread([this] { loop(); }) {}
+    ~hydra_runner() {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            stopping = true;
+        }
+        wake.notify_all();
+        thread.join();
+    }
+    // Runs fn on the runner thread and waits for it (called from one libuv pool thread at a time).
+    void run(const std::function<void()> & fn) {
+        std::unique_lock<std::mutex> lock(mutex);
+        task = &fn;
+        finished = false;
+        wake.notify_all();
+        done.wait(lock, [this] { return finished; });
+    }
+
+private:
+    void loop() {
+        std::unique_lock<std::mutex> lock(mutex);
+        while (true) {
+            wake.wait(lock, [this] { return stopping || task != nullptr; });
+            if (stopping) {
+                return;
+            }
+            const std::function<void()> * current = task;
+            lock.unlock();
+            (*current)();
+            lock.lock();
+            task = nullptr;
+            finished = true;
+            done.notify_all();
+        }
+    }
+    std::mutex mutex;
+    std::condition_variable wake, done;
+    const std::function<void()> * task = nullptr;
+    bool finished = false;
+    bool stopping = false;
+    std::thread thread;
+};
+
 // A context and the scratch state one decode step needs. One async operation at a time (the JS
 // wrapper queues); `busy` turns a violation into a clear error instead of a data race.
 struct hydra_context {
@@ -41,6 +94,7 @@ struct hydra_context {
     llama_batch       batch = {};
     int32_t           n_batch = 0;
     std::atomic<bool> busy{false};
+    std::unique_ptr<hydra_runner> runner = std::make_unique<hydra_runner>();
 };
 
 struct hydra_sampler {
@@ -66,3 +120,6 @@ Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev);
 
 // Registration functions of each source file.
 void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports);
+void hydra_combine_init(Napi::Env env, Napi::Object exports);
+// ggml-RPC hash resolver over the weights index (hydra_combine.cpp), handed to every served session.
+const void * hydra_weights_resolve(void * user_data, uint64_t hash, size_t * size);

@@ -297,7 +297,7 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     bool prepared = t_serve_backends.prepare(devices, threads) && !t_serve_backends.backends.empty();
     bool ok = prepared &&
               ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), t_serve_backends.backends.size(),
-                                        t_serve_backends.backends.data(), stats);
+                                        t_serve_backends.backends.data(), stats, hydra_weights_resolve, nullptr);
     if (!prepared) {
         close(fd);  // serve_fd owns the fd only once it is called
     }

@@ -1,0 +1,304 @@
+// GPU figures of the native boundary and the merged port, each against its upstream anchor measured
+// in the same run on the same machine (bundled by pack.mjs, run on the device machine):
+//   native decode loop (one ctx.decode per token)     vs  llama-bench -p 512 -n 128 (pp512, tg128)
+//   one stream through the engine's HTTP API           vs  llama-bench tg128
+//   ggml-RPC HELLO connect-to-reply through our port  vs  stock ggml-rpc-server
+//   llama-bench --rpc through our port                 vs  through stock ggml-rpc-server
+// Usage: node bench.cjs --models DIR --out FILE [--only native,http,hello,rpc] [--shapes 8b,27b]
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { connect, createServer } from 'node:net';
+import { cpus, hostname, totalmem } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Model, initBackend, listDevices } from '../../packages/native-ggml/dist/index.js';
+import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
+
+const args = Object.fromEntries(
+  process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []),
+);
+const only = new Set((args.only ?? 'native,http,hello,rpc').split(','));
+const shapes = (args.shapes ?? '8b').split(',');
+const modelsDir = args.models ?? '/tmp/hydra-models';
+const bin = args.bin ?? 'packages/native-ggml/build-cuda/bin';
+const jsDir = args.js ?? '.carry/js';
+const started = Date.now();
+const log = (...m) => console.error(`[bench ${((Date.now() - started) / 1000).toFixed(0)}s]`, ...m);
+
+const figures = [];
+function figure(name, unit, samples, anchor) {
+  const sorted = [...samples].sort((a, b) => a - b);
+  const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+  const mean = samples.reduce((a, b) => a + b, 0) / samples.length;
+  const f = { name, unit, samples: samples.length, median: q(0.5), p99: q(0.99), mean };
+  if (anchor) {
+    f.anchor = anchor;
+    f.ratio = unit.includes('/s') ? f.median / anchor.median : anchor.median / f.median;
+  }
+  figures.push(f);
+  log(name, JSON.stringify({ median: f.median, p99: f.p99, anchor: anchor?.median, ratio: f.ratio }));
+  return f;
+}
+
+function run(file, argv, timeoutMs = 600_000) {
+  return new Promise((resolve, reject) =>
+    execFile(file, argv, { timeout: timeoutMs, maxBuffer: 256 << 20 }, (err, stdout, stderr) =>
+      err ? reject(Object.assign(err, { stderr })) : resolve(stdout),
+    ),
+  );
+}
+
+async function freePort() {
+  const s = createServer();
+  await new Promise((r) => s.listen(0, '127.0.0.1', r));
+  const { port } = s.address();
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+async function llamaBench(model, extra = []) {
+  const out = await run(join(bin, 'llama-bench'), ['-m', model, '-p', '512', '-n', '128', '-r', '3', '-o', 'json', ...extra]);
+  const rows = JSON.parse(out);
+  const pick = (pred) => rows.find(pred);
+  const pp = pick((r) => r.n_prompt === 512 && r.n_gen === 0);
+  const tg = pick((r) => r.n_gen === 128 && r.n_prompt === 0);
+  return {
+    pp: { median: pp.avg_ts, samples: pp.samples_ts },
+    tg: { median: tg.avg_ts, samples: tg.samples_ts },
+  };
+}
+
+async function ensureModel(arch, shape) {
+  mkdirSync(modelsDir, { recursive: true });
+  const out = join(modelsDir, `${arch}-${shape}-q4_0.gguf`);
+  if (!existsSync(out)) {
+    log(`writing synthetic ${arch} ${shape} q4_0`);
+    const r = await writeSyntheticModel({ arch, shape, quant: 'q4_0', seed: 1, out });
+    log(`wrote ${out}: ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s`);
+  }
+  return out;
+}
+
+async function nativeDecode(modelPath) {
+  const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
+  const ctx = await model.createContext({ nCtx: 4096, nBatch: 2048, nUbatch: 512, flashAttn: 'auto' });
+  const pp = [];
+  const tg = [];
+  for (let rep = 0; rep < 4; rep++) {
+    ctx.clear();
+    const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
+    let t0 = performance.now();
+    await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, logits: false }]);
+    const ppTs = 512 / ((performance.now() - t0) / 1000);
+    ctx.clear();
+    const sampler = model.createSampler({ temp: 0 });
+    let token = model.info.bos;
+    t0 = performance.now();
+    for (let i = 0; i < 128; i++) {
+      const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
+      token = r.tokens[0];
+    }
+    const tgTs = 128 / ((performance.now() - t0) / 1000);
+    sampler.dispose();
+    if (rep > 0) {
+      pp.push(ppTs);
+      tg.push(tgTs);
+    }
+  }
+  await ctx.dispose();
+  model.dispose();
+  return { pp, tg };
+}
+
+async function startEngine(modelPath, extra = []) {
+  const port = await freePort();
+  const rpcPort = await freePort();
+  const child = spawn(process.execPath, [join(jsDir, 'engine.cjs'), '-m', modelPath, '-ngl', '99', '-c', '4096', '-np', '1', '--port', String(port), '--rpc-port', String(rpcPort), ...extra], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env },
+  });
+  let stderr = '';
+  child.stderr.on('data', (c) => (stderr += c));
+  const deadline = Date.now() + 300_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`engine exited: ${stderr.slice(-2000)}`);
+    try {
+      const h = await (await fetch(`http://127.0.0.1:${port}/health`)).json();
+      if (h.state === 'ready') break;
+    } catch {}
+    if (Date.now() > deadline) throw new Error('engine not ready');
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  return { port, rpcPort, child, stop: () => child.kill('SIGTERM') };
+}
+
+async function httpDecode(port) {
+  const rates = [];
+  for (let rep = 0; rep < 4; rep++) {
+    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'The history of', max_tokens: 128, temperature: 0, stream: true }),
+    });
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = '';
+    let first = 0;
+    let last = 0;
+    let chunks = 0;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let at;
+      while ((at = buf.indexOf('\n\n')) >= 0) {
+        const event = buf.slice(0, at);
+        buf = buf.slice(at + 2);
+        if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+        const json = JSON.parse(event.slice(6));
+        if (json.usage && !json.choices?.length) continue;
+        const now = performance.now();
+        if (!first) first = now;
+        last = now;
+        chunks += 1;
+      }
+    }
+    // Tokens after the first one over the time they took (the first carries prefill).
+    if (rep > 0 && chunks > 8) rates.push((chunks - 1) / ((last - first) / 1000));
+  }
+  return rates;
+}
+
+async function helloLatency(port, n = 300) {
+  const out = [];
+  const req = Buffer.alloc(1 + 8 + 24);
+  req[0] = 14;
+  req.writeBigUInt64LE(24n, 1);
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    await new Promise((resolve, reject) => {
+      const s = connect(port, '127.0.0.1', () => s.write(req));
+      let got = 0;
+      s.on('data', (c) => {
+        got += c.length;
+        if (got >= 36) {
+          out.push(performance.now() - t0);
+          s.destroy();
+          resolve();
+        }
+      });
+      s.on('error', reject);
+    });
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  return out.slice(20);
+}
+
+async function startStock(devices = 'CUDA0') {
+  const port = await freePort();
+  const child = spawn(join(bin, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port), '-d', devices], { stdio: 'ignore' });
+  for (let i = 0; i < 100; i++) {
+    const ok = await new Promise((r) => {
+      const s = connect(port, '127.0.0.1', () => {
+        s.destroy();
+        r(true);
+      });
+      s.on('error', () => r(false));
+    });
+    if (ok) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { port, child };
+}
+
+async function main() {
+  process.env.HYDRA_NATIVE_ADDON ??= resolve(bin, 'hydra_ggml.node');
+const info = initBackend();
+const result = {
+  name: 'device-native-port',
+  command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`,
+  date: new Date().toISOString(),
+  machine: { host: hostname(), cpu: cpus()[0]?.model, cores: cpus().length, memoryBytes: totalmem(), devices: listDevices(), systemInfo: info.systemInfo },
+  figures,
+};
+const save = () => {
+  if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
+};
+
+for (const shape of shapes) {
+  const model = await ensureModel('llama', shape);
+  let anchor;
+  if (only.has('native') || only.has('http')) {
+    log(`llama-bench local ${shape}`);
+    anchor = await llamaBench(model, ['-ngl', '99']);
+  }
+  if (only.has('native')) {
+    log(`native decode loop ${shape}`);
+    const n = await nativeDecode(model);
+    figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.pp, { name: 'llama-bench pp512', unit: 'tokens/s', median: anchor.pp.median });
+    figure(`${shape} q4_0 decode, native loop (one ctx.decode per token)`, 'tokens/s', n.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
+    save();
+  }
+  if (only.has('http') || only.has('hello') || only.has('rpc')) {
+    const engine = await startEngine(model);
+    try {
+      if (only.has('http')) {
+        log(`HTTP decode ${shape}`);
+        figure(`${shape} q4_0 decode, one stream through the HTTP API`, 'tokens/s', await httpDecode(engine.port), { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
+        save();
+      }
+      if (only.has('hello') && shape === shapes[0]) {
+        const stock = await startStock();
+        try {
+          const ours = await helloLatency(engine.rpcPort);
+          const theirs = await helloLatency(stock.port);
+          const sorted = [...theirs].sort((a, b) => a - b);
+          const anchorHello = { name: 'stock ggml-rpc-server HELLO', unit: 'ms', median: sorted[Math.floor(sorted.length / 2)], p99: sorted[Math.floor(sorted.length * 0.99)] };
+          figure('ggml-RPC HELLO connect-to-reply through the merged port', 'ms', ours, anchorHello);
+        } finally {
+          stock.child.kill('SIGKILL');
+        }
+        save();
+      }
+    } finally {
+      engine.stop();
+      await new Promise((r) => engine.child.once('exit', r));
+    }
+  }
+  if (only.has('rpc')) {
+    // A model-less engine lends its GPU; llama-bench (upstream client) places layers on it.
+    const peerPort = await freePort();
+    const rpcPort = await freePort();
+    const peer = spawn(process.execPath, [join(jsDir, 'engine.cjs'), '--port', String(peerPort), '--rpc-port', String(rpcPort)], {
+      stdio: 'ignore',
+      env: { ...process.env },
+    });
+    await new Promise((r) => setTimeout(r, 1500));
+    const stock = await startStock();
+    try {
+      for (const [label, extra] of [
+        ['all layers remote', ['-dev', 'RPC0']],
+        ['1/1 split', ['-dev', 'CUDA0/RPC0', '-ts', '1/1']],
+      ]) {
+        log(`llama-bench --rpc ${shape} ${label}`);
+        const theirs = await llamaBench(model, ['-ngl', '99', '--rpc', `127.0.0.1:${stock.port}`, ...extra]);
+        const ours = await llamaBench(model, ['-ngl', '99', '--rpc', `127.0.0.1:${rpcPort}`, ...extra]);
+        figure(`${shape} q4_0 ${label}: llama-bench --rpc decode through our merged port`, 'tokens/s', ours.tg.samples, { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.tg.median });
+        figure(`${shape} q4_0 ${label}: llama-bench --rpc prefill through our merged port`, 'tokens/s', ours.pp.samples, { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.pp.median });
+        save();
+      }
+    } finally {
+      stock.child.kill('SIGKILL');
+      peer.kill('SIGTERM');
+    }
+  }
+}
+result.seconds = (Date.now() - started) / 1000;
+save();
+log('done');
+process.exit(0);
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
