@@ -163,6 +163,31 @@ export interface NativeBinding {
     options: { devices?: string[]; threads?: number; cacheDir?: string },
     stats?: BigUint64Array,
   ): NativeServeSummary;
+  rpcWeightsIndexAdd(path: string): Promise<NativeWeightsIndexAdded>;
+  rpcWeightsIndexInfo(): NativeWeightsIndexInfo;
+  rpcAbortParkInstall(): boolean;
+  rpcParkedInfo(): { parked: number; last: string };
+}
+
+/** One GGUF added to the ggml-RPC weights index. */
+export interface NativeWeightsIndexAdded {
+  /** The real path. */
+  file: string;
+  tensors: number;
+  /** Tensors above upstream's hash threshold (10 MiB), newly indexed. */
+  indexed: number;
+  bytes: number;
+  ms: number;
+  /** The file was indexed before; nothing was done. */
+  already: boolean;
+}
+
+export interface NativeWeightsIndexInfo {
+  files: string[];
+  tensors: number;
+  bytes: number;
+  /** SET_TENSOR_HASH requests answered from the index, in every session so far. */
+  hits: number;
 }
 
 const packageDir = join(dirname(fileURLToPath(import.meta.url)), '..');

@@ -10,6 +10,8 @@ import {
   type NativeModelParams,
   type NativeSamplerParams,
   type NativeServeSummary,
+  type NativeWeightsIndexAdded,
+  type NativeWeightsIndexInfo,
   type SamplerHandle,
   addonCandidates,
   loadBinding,
@@ -23,6 +25,8 @@ export type {
   NativeModelInfo as ModelInfo,
   NativeSamplerParams as SamplerParams,
   NativeServeSummary as ServeSummary,
+  NativeWeightsIndexAdded as WeightsIndexAdded,
+  NativeWeightsIndexInfo as WeightsIndexInfo,
 };
 
 /** The GGML log levels accepted by {@link initBackend}. */
@@ -412,3 +416,33 @@ export function shutdownFd(fd: number): void {
 
 /** Absolute path of the worker module that serves one ggml-RPC session per task (for piscina). */
 export const rpcWorkerPath: string = new URL('./rpc-worker.js', import.meta.url).pathname;
+
+/**
+ * Adds a GGUF this process holds to the ggml-RPC weights index (process-wide, read-only mmap).
+ * Every session served by this process then answers a client's `SET_TENSOR_HASH` from the file,
+ * so a head loading the same model sends no weight bytes for tensors above upstream's 10 MiB hash
+ * threshold. Adding the same file twice is free (`already`).
+ */
+export function rpcWeightsIndexAdd(path: string): Promise<NativeWeightsIndexAdded> {
+  return callAsync(() => native().rpcWeightsIndexAdd(path));
+}
+
+/** What the ggml-RPC weights index holds, and how many hash requests it answered. */
+export function rpcWeightsIndexInfo(): NativeWeightsIndexInfo {
+  return native().rpcWeightsIndexInfo();
+}
+
+/**
+ * Makes a failed ggml-RPC send or receive park the failing client thread for good instead of
+ * aborting the process (upstream's `RPC_STATUS_ASSERT`). The decode waiting on that peer then
+ * never resolves: the caller must watch for the stall and abandon (never reuse or free) the model
+ * and context that used the peer. Other aborts keep upstream's behaviour. Idempotent.
+ */
+export function installRpcAbortPark(): void {
+  native().rpcAbortParkInstall();
+}
+
+/** How many ggml-RPC client threads were parked so far, and the last abort message. */
+export function rpcParkedInfo(): { parked: number; last: string } {
+  return native().rpcParkedInfo();
+}

@@ -1,7 +1,7 @@
 import { GgmlType, type GgmlTypeId, type GgufTensorInfo } from './gguf.js';
 
 export const SYNTH_ARCHS = ['llama', 'moe'] as const;
-export const SYNTH_SHAPES = ['tiny', '1b', '8b', '27b'] as const;
+export const SYNTH_SHAPES = ['tiny', '1b', '8b', '27b', 'small-wide'] as const;
 export const SYNTH_QUANTS = ['f32', 'f16', 'q8_0', 'q4_0'] as const;
 export type SynthArch = (typeof SYNTH_ARCHS)[number];
 export type SynthShape = (typeof SYNTH_SHAPES)[number];
@@ -85,6 +85,20 @@ const DENSE: Readonly<Record<SynthShape, DenseShape>> = {
     nFf: 25600,
     ropeFreqBase: 1000000,
     rmsEps: 1e-6,
+  },
+  // Every matrix above upstream ggml-RPC's 10 MiB hash threshold at f16 (2560x2560 = 12.5 MiB, no
+  // GQA; embeddings 2560x2304 = 11.25 MiB) while the whole file stays ~255 MB: the model of the
+  // no-weight-transfer test.
+  'small-wide': {
+    nVocab: 2304,
+    nCtxTrain: 4096,
+    nEmbd: 2560,
+    nLayer: 2,
+    nHead: 20,
+    nHeadKv: 20,
+    nFf: 4096,
+    ropeFreqBase: 10000,
+    rmsEps: 1e-5,
   },
 };
 
