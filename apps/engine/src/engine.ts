@@ -32,6 +32,8 @@ export interface GenerationParams {
 
 export interface GenerationResult {
   text: string;
+  /** Prompt tokens whose KV came from the slot's cache (`cachePrompt`). */
+  cachedTokens: number;
   tokens: number[];
   finishReason: FinishReason;
   promptTokens: number;
@@ -45,7 +47,17 @@ export interface SubmitOptions {
   onText?: (text: string) => void;
   /** Aborting frees the slot at the next step; the promise resolves with `finishReason: 'cancelled'`. */
   signal?: AbortSignal;
+  /** Run in this slot (waits for it); default: any free slot. */
+  slot?: number;
+  /**
+   * Keep the slot's KV after the request and reuse the longest common token prefix of the slot's
+   * cache for this prompt (llama.cpp server's `cache_prompt`); see {@link Engine.getSlotState}.
+   */
+  cachePrompt?: boolean;
 }
+
+/** Expert placement of an MoE model (protocol.md SET_EXPERT_MODE). */
+export type ExpertMode = 'solo' | 'combined';
 
 export interface EngineOptions {
   layers: ConfigLayers;
@@ -72,6 +84,11 @@ interface Job {
   onText: ((text: string) => void) | undefined;
   signal: AbortSignal | undefined;
   epoch: number;
+  slotId: number | undefined;
+  cachePrompt: boolean;
+  reuse: number;
+  /** Set by {@link Engine.endRunning}: the loop ends the job with it between steps. */
+  failure: Error | undefined;
   resolve(r: GenerationResult): void;
   reject(err: unknown): void;
   // Slot-time state.
@@ -194,6 +211,13 @@ export class Engine {
   #placement: Placement | undefined;
   #modelPath: string | undefined;
   #lastError: string | undefined;
+  /** Tokens whose KV each slot's sequence holds (kept only for `cachePrompt` requests). */
+  #cache: Int32Array[] = [];
+  #held = 0;
+  #closing = false;
+  #mode: ExpertMode | undefined;
+  readonly #tasks: (() => Promise<void>)[] = [];
+  readonly #slotListeners: ((busy: number) => void)[] = [];
   readonly #rate: { at: number; tokens: number }[] = [];
   readonly counters: EngineCounters = {
     promptTokens: 0,
@@ -271,7 +295,9 @@ export class Engine {
     const name = cfg.model as string;
     if (!name) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model configured');
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'a model is already loading');
-    await this.#unload();
+    const samePath = (this.#registry ? this.#registry.resolve(name).path : name) === this.#modelPath;
+    // Queued prompts stay valid across a reload of the same file (same vocabulary).
+    await this.#unload(samePath);
     this.#state = 'loading';
     const started = performance.now();
     try {
@@ -292,6 +318,7 @@ export class Engine {
       this.#state = 'ready';
       this.#lastError = undefined;
       this.#epoch += 1;
+      void this.#run();
     } catch (err) {
       await this.#unload();
       this.#state = 'error';
@@ -309,11 +336,19 @@ export class Engine {
     const info = this.#ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
     this.#slots = new Array(info.nSeqMax).fill(undefined);
+    this.#cache = this.#slots.map(() => new Int32Array(0));
   }
 
-  async #unload(): Promise<void> {
-    for (const job of this.#queue.splice(0))
-      job.reject(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
+  async #unload(keepQueue = false): Promise<void> {
+    if (!keepQueue)
+      for (const job of this.#queue.splice(0))
+        job.reject(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
+    this.#held += 1;
+    try {
+      await this.whenIdle();
+    } finally {
+      this.#held -= 1;
+    }
     await this.whenIdle();
     await this.#ctx?.dispose();
     this.#ctx = undefined;
@@ -322,6 +357,7 @@ export class Engine {
     this.#modelPath = undefined;
     this.#placement = undefined;
     this.#slots = [];
+    this.#cache = [];
   }
 
   /** Resolves when no slot is busy and the decode loop has stopped. */
@@ -341,21 +377,137 @@ export class Engine {
       return;
     }
     if (rebuild === 'context' && this.#model) {
-      const prev = this.#state;
-      this.#state = 'draining';
-      await this.whenIdle();
-      await this.#ctx?.dispose();
-      this.#ctx = undefined;
+      // New requests queue (not rejected) while the context is rebuilt.
+      this.#held += 1;
       try {
+        await this.whenIdle();
+        await this.#ctx?.dispose();
+        this.#ctx = undefined;
         await this.#createContext(this.layers.effective());
-        this.#state = prev === 'draining' ? 'ready' : prev;
       } catch (err) {
         this.#state = 'error';
         this.#lastError = (err as Error).message;
         throw err;
+      } finally {
+        this.#held -= 1;
       }
     }
     this.#epoch += 1;
+    void this.#run();
+  }
+
+  /** Stops admitting queued requests (running ones continue) until {@link resume}. */
+  hold(): void {
+    this.#held += 1;
+  }
+
+  resume(): void {
+    if (this.#held > 0) this.#held -= 1;
+    void this.#run();
+  }
+
+  /** Ends every running request with `err`; queued requests stay queued. */
+  endRunning(err: Error): void {
+    for (const job of this.#slots) if (job) job.failure = err;
+    void this.#run();
+  }
+
+  /** Runs `fn` between decode steps (KV sequence operations must not race a decode). */
+  #exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.#tasks.push(() => fn().then(resolve, reject));
+      void this.#run();
+    });
+  }
+
+  /** Called with the busy slot count each time a slot is taken or freed. */
+  onSlotsChanged(listener: (busy: number) => void): void {
+    this.#slotListeners.push(listener);
+  }
+
+  #slotsChanged(): void {
+    const busy = this.#slots.filter(Boolean).length;
+    for (const l of this.#slotListeners) l(busy);
+  }
+
+  /** The expert placement in force: set by {@link setExpertMode}, else `combined` when peers are configured. */
+  get mode(): ExpertMode {
+    return this.#mode ?? ((this.layers.get('rpc_servers') as string[]).length > 0 ? 'combined' : 'solo');
+  }
+
+  /**
+   * Hook for the MoE expert placement switch (SET_EXPERT_MODE). For now it records the mode; the
+   * COMBINE work moves the experts here. Callers validate (MoE model, peer configured) first.
+   * @returns whether weights were reloaded (never, by protocol).
+   */
+  async setExpertMode(mode: ExpertMode): Promise<{ reloaded: false }> {
+    this.#mode = mode;
+    return { reloaded: false };
+  }
+
+  #idleSlot(slot: number): Context {
+    const ctx = this.#ctx;
+    if (!this.#model || !ctx) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded');
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.#slots.length) {
+      throw new HydraError('HYDRA_ERR_BAD_VALUE', `slot must be an integer in 0..${this.#slots.length - 1}`, {
+        keys: ['slot'],
+      });
+    }
+    if (this.#slots[slot]) throw new HydraError('HYDRA_ERR_SLOT_BUSY', `slot ${slot} is running a request`);
+    return ctx;
+  }
+
+  /**
+   * A slot's saved state: `HYST` magic, version 1, token count (u32 LE each), the tokens (i32 LE)
+   * whose KV the slot holds, then llama.cpp's sequence state. {@link setSlotState} restores it; a
+   * `cachePrompt` request on that slot whose prompt starts with those tokens reuses the KV.
+   */
+  getSlotState(slot: number): Promise<Buffer> {
+    return this.#exclusive(() => this.#getSlotState(slot));
+  }
+
+  async #getSlotState(slot: number): Promise<Buffer> {
+    const ctx = this.#idleSlot(slot);
+    const tokens = this.#cache[slot] ?? new Int32Array(0);
+    const kv = await ctx.getSequenceState(slot);
+    const head = Buffer.alloc(12 + tokens.length * 4);
+    head.write('HYST', 0, 'latin1');
+    head.writeUInt32LE(1, 4);
+    head.writeUInt32LE(tokens.length, 8);
+    for (let i = 0; i < tokens.length; i++) head.writeInt32LE(tokens[i]!, 12 + i * 4);
+    return Buffer.concat([head, kv]);
+  }
+
+  /** Restores a slot from {@link getSlotState} output (this engine or another with the same model). */
+  setSlotState(slot: number, data: Uint8Array): Promise<void> {
+    return this.#exclusive(() => this.#setSlotState(slot, data));
+  }
+
+  async #setSlotState(slot: number, data: Uint8Array): Promise<void> {
+    const ctx = this.#idleSlot(slot);
+    const buf = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    const bad = (why: string) => new HydraError('HYDRA_ERR_STATE_INVALID', `slot state rejected: ${why}`);
+    if (buf.length < 12 || buf.toString('latin1', 0, 4) !== 'HYST') throw bad('not a hydra slot state');
+    if (buf.readUInt32LE(4) !== 1) throw bad(`version ${buf.readUInt32LE(4)} is not 1`);
+    const n = buf.readUInt32LE(8);
+    if (12 + n * 4 > buf.length) throw bad('truncated token list');
+    if (n >= this.#nCtxSeq) throw bad(`${n} tokens do not fit a slot of ${this.#nCtxSeq}`);
+    const nVocab = this.#model!.info.nVocab;
+    const tokens = new Int32Array(n);
+    for (let i = 0; i < n; i++) {
+      const t = buf.readInt32LE(12 + i * 4);
+      if (t < 0 || t >= nVocab) throw bad(`token ${t} is outside the vocabulary`);
+      tokens[i] = t;
+    }
+    ctx.removeSequence(slot);
+    this.#cache[slot] = new Int32Array(0);
+    const read = await ctx.setSequenceState(slot, buf.subarray(12 + n * 4));
+    if (read === 0 && buf.length > 12 + n * 4) throw bad('llama.cpp did not accept the KV bytes');
+    if (ctx.sequenceEnd(slot) !== n - 1) {
+      ctx.removeSequence(slot);
+      throw bad(`the KV holds ${ctx.sequenceEnd(slot) + 1} positions, the token list ${n}`);
+    }
+    this.#cache[slot] = tokens;
   }
 
   /** Tokenizes a prompt the way the completion routes do (BOS per the model, specials parsed). */
@@ -370,8 +522,8 @@ export class Engine {
 
   #requireModel(): Model {
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'the model is still loading');
-    if (this.#state === 'draining') throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
-    if (!this.#model || !this.#ctx)
+    if (this.#closing) throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
+    if (!this.#model || (!this.#ctx && this.#held === 0))
       throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded; start with --model or CONFIGURE one');
     return this.#model;
   }
@@ -394,7 +546,19 @@ export class Engine {
         `the prompt has ${prompt.length} tokens; a slot holds ${this.#nCtxSeq} (n_ctx / n_parallel)`,
       );
     }
-    const freeSlot = this.#slots.some((s) => !s);
+    if (
+      options.slot !== undefined &&
+      (!Number.isInteger(options.slot) || options.slot < 0 || options.slot >= this.#slots.length)
+    ) {
+      throw new HydraError(
+        'HYDRA_ERR_BAD_VALUE',
+        `slot_id must be an integer in 0..${this.#slots.length - 1}`,
+        {
+          keys: ['slot_id'],
+        },
+      );
+    }
+    const freeSlot = this.#held === 0 && this.#slots.some((s) => !s);
     if (!freeSlot && this.#queue.length >= this.#maxQueue) {
       this.counters.rejectedQueueFull += 1;
       throw new HydraError(
@@ -409,6 +573,10 @@ export class Engine {
         onText: options.onText,
         signal: options.signal,
         epoch: this.#epoch,
+        slotId: options.slot,
+        cachePrompt: options.cachePrompt === true,
+        reuse: 0,
+        failure: undefined,
         resolve,
         reject,
         slot: -1,
@@ -440,17 +608,43 @@ export class Engine {
     });
   }
 
-  #admit(): void {
-    const model = this.#model!;
-    for (let i = 0; i < this.#slots.length && this.#queue.length > 0; i++) {
+  /** A free slot for `job`: its own when pinned, else an empty one first, else any. */
+  #slotFor(job: Job): number {
+    if (job.slotId !== undefined) return this.#slots[job.slotId] ? -1 : job.slotId;
+    let any = -1;
+    for (let i = 0; i < this.#slots.length; i++) {
       if (this.#slots[i]) continue;
-      const job = this.#queue.shift()!;
+      if ((this.#cache[i]?.length ?? 0) === 0) return i;
+      if (any < 0) any = i;
+    }
+    return any;
+  }
+
+  #admit(): void {
+    if (this.#held > 0) return;
+    const model = this.#model!;
+    const ctx = this.#ctx!;
+    let changed = false;
+    for (let q = 0; q < this.#queue.length; q++) {
+      const job = this.#queue[q]!;
+      const i = this.#slotFor(job);
+      if (i < 0) continue;
+      this.#queue.splice(q--, 1);
       if (job.maxTokens === 0) {
         this.#finish(job, 'length');
-        i--;
         continue;
       }
+      const cached = this.#cache[i] ?? new Int32Array(0);
+      let reuse = 0;
+      if (job.cachePrompt) {
+        const limit = Math.min(cached.length, job.prompt.length - 1);
+        while (reuse < limit && cached[reuse] === job.prompt[reuse]) reuse++;
+      }
+      ctx.removeSequence(i, reuse, -1);
+      this.#cache[i] = cached.subarray(0, reuse);
+      job.reuse = reuse;
       job.slot = i;
+      changed = true;
       job.sampler = model.createSampler(job.params.sampler);
       if (
         (job.params.sampler.penaltyRepeat ?? 1) !== 1 ||
@@ -461,6 +655,7 @@ export class Engine {
       }
       this.#slots[i] = job;
     }
+    if (changed) this.#slotsChanged();
   }
 
   async #run(): Promise<void> {
@@ -468,12 +663,17 @@ export class Engine {
     this.#running = true;
     try {
       for (;;) {
+        while (this.#tasks.length > 0) await this.#tasks.shift()!();
         if (!this.#ctx) break;
         this.#admit();
         const batch: Job[] = [];
         const entries: DecodeEntry[] = [];
         for (const job of this.#slots) {
           if (!job) continue;
+          if (job.failure) {
+            this.#release(job, job.failure);
+            continue;
+          }
           if (job.signal?.aborted) {
             this.#release(job, 'cancelled');
             continue;
@@ -482,11 +682,16 @@ export class Engine {
           entries.push(
             job.promptFed
               ? { seq: job.slot, pos: job.pos, tokens: [job.last], sampler: job.sampler! }
-              : { seq: job.slot, pos: 0, tokens: job.prompt, sampler: job.sampler! },
+              : {
+                  seq: job.slot,
+                  pos: job.reuse,
+                  tokens: job.prompt.subarray(job.reuse),
+                  sampler: job.sampler!,
+                },
           );
         }
         if (entries.length === 0) {
-          if (this.#queue.length === 0) break;
+          if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
           continue;
         }
         const t0 = performance.now();
@@ -506,7 +711,11 @@ export class Engine {
         this.counters.decodeSteps += 1;
         this.counters.decodeSeconds += (t1 - t0) / 1000;
         this.#rate.push({ at: t1, tokens: batch.length });
-        for (let i = 0; i < batch.length; i++) this.#advance(batch[i]!, out.tokens[i]!);
+        for (let i = 0; i < batch.length; i++) {
+          const job = batch[i]!;
+          if (job.failure) this.#release(job, job.failure);
+          else this.#advance(job, out.tokens[i]!);
+        }
       }
     } finally {
       this.#running = false;
@@ -518,7 +727,7 @@ export class Engine {
     if (!job.promptFed) {
       job.promptFed = true;
       job.pos = job.prompt.length;
-      this.counters.promptTokens += job.prompt.length;
+      this.counters.promptTokens += job.prompt.length - job.reuse;
     } else {
       job.pos += 1;
     }
@@ -595,7 +804,18 @@ export class Engine {
   #release(job: Job, outcome: FinishReason | Error): void {
     if (job.slot >= 0 && this.#slots[job.slot] === job) {
       this.#slots[job.slot] = undefined;
-      this.#ctx?.removeSequence(job.slot);
+      if (job.cachePrompt && !(outcome instanceof Error) && outcome !== 'cancelled' && job.promptFed) {
+        // The KV holds the prompt and every generated token fed back (all but the last sampled).
+        const fed = job.generated.slice(0, job.pos - job.prompt.length);
+        const held = new Int32Array(job.prompt.length + fed.length);
+        held.set(job.prompt);
+        held.set(fed, job.prompt.length);
+        this.#cache[job.slot] = held;
+      } else {
+        this.#ctx?.removeSequence(job.slot);
+        this.#cache[job.slot] = new Int32Array(0);
+      }
+      this.#slotsChanged();
     }
     job.sampler?.dispose();
     job.sampler = undefined;
@@ -611,6 +831,7 @@ export class Engine {
     this.counters.requests[reason] += 1;
     job.resolve({
       text: job.text.slice(0, job.sent),
+      cachedTokens: job.reuse,
       tokens: job.generated,
       finishReason: reason,
       promptTokens: job.prompt.length,
@@ -621,6 +842,7 @@ export class Engine {
 
   /** Stops admitting, cancels queued and running requests, frees the model. */
   async close(): Promise<void> {
+    this.#closing = true;
     this.#state = 'draining';
     for (const job of this.#queue.splice(0)) this.#finish(job, 'cancelled');
     for (const job of this.#slots) if (job) job.signal = AbortSignal.abort();

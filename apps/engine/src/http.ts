@@ -13,12 +13,15 @@ export interface HttpOptions {
   /** Prometheus text for `/metrics`. */
   metrics: () => string;
   modelId?: () => string;
+  /** The `/control/*` routes (src/control); answers true when it handled the request. */
+  control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
 }
 
 const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_NO_MODEL: 503,
   HYDRA_ERR_LOADING: 503,
   HYDRA_ERR_DRAINING: 503,
+  HYDRA_ERR_DRAIN_TIMEOUT: 503,
   HYDRA_ERR_BAD_JSON: 400,
   HYDRA_ERR_BAD_REQUEST: 400,
   HYDRA_ERR_BAD_VALUE: 400,
@@ -277,6 +280,7 @@ export class HttpApi {
       res.end(text);
       return;
     }
+    if (this.#opts.control && (await this.#opts.control(req, res, path))) return;
     const routes = [
       '/v1/models',
       '/models',
@@ -340,11 +344,32 @@ export class HttpApi {
       const messages = chatMessages(body);
       promptText = engine.chatPrompt(messages);
     } else {
-      if (typeof body.prompt !== 'string') throw badRequest('prompt must be a string', 'prompt');
-      promptText = body.prompt;
+      const tokens = body.prompt;
+      // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
+      if (
+        Array.isArray(tokens) &&
+        tokens.length > 0 &&
+        tokens.every((t) => Number.isSafeInteger(t) && t >= 0)
+      ) {
+        promptText = '';
+      } else if (typeof tokens !== 'string') {
+        throw badRequest('prompt must be a string or an array of token ids', 'prompt');
+      } else promptText = tokens;
     }
+    const slotField = body.slot_id ?? body.id_slot;
+    if (slotField !== undefined && slotField !== null && slotField !== -1 && !Number.isSafeInteger(slotField))
+      throw badRequest('slot_id must be an integer', 'slot_id');
+    if (body.cache_prompt !== undefined && typeof body.cache_prompt !== 'boolean')
+      throw badRequest('cache_prompt must be a boolean', 'cache_prompt');
     const params = generationParams(engine, body);
-    const prompt = engine.tokenize(promptText);
+    let prompt: Int32Array;
+    if (Array.isArray(body.prompt) && !chat) {
+      const nVocab = engine.model?.info.nVocab ?? 0;
+      if (body.prompt.some((t) => (t as number) >= nVocab))
+        throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
+      engine.tokenize('');
+      prompt = Int32Array.from(body.prompt as number[]);
+    } else prompt = engine.tokenize(promptText);
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const model = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : '';
@@ -389,7 +414,12 @@ export class HttpApi {
       };
     }
     // Admission errors throw here, before any byte of the response.
-    const pending = engine.submit(prompt, params, { signal: abort.signal, ...(onText ? { onText } : {}) });
+    const pending = engine.submit(prompt, params, {
+      signal: abort.signal,
+      ...(onText ? { onText } : {}),
+      ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
+      ...(body.cache_prompt === true ? { cachePrompt: true } : {}),
+    });
     let result: GenerationResult;
     try {
       result = await pending;
@@ -412,6 +442,7 @@ export class HttpApi {
       prompt_tokens: result.promptTokens,
       completion_tokens: result.completionTokens,
       total_tokens: result.promptTokens + result.completionTokens,
+      prompt_tokens_details: { cached_tokens: result.cachedTokens },
     };
     const headers = { 'x-hydra-config-epoch': String(result.epoch) };
     if (stream) {

@@ -1,10 +1,19 @@
 export { parseServeArgs, readConfigFile, type ServeArgs, type ServeSettings, usage } from './args.js';
 export {
+  type ConfigureReply,
+  Controller,
+  type ControllerOptions,
+  DEFAULT_STATE_CHUNK,
+  shapeOf,
+} from './control/controller.js';
+export { type ControlRoutesOptions, controlRoutes, controlStatus, registerControl } from './control/wire.js';
+export {
   contextParamsFrom,
   Engine,
   type EngineCounters,
   type EngineOptions,
   type EngineState,
+  type ExpertMode,
   type FinishReason,
   type GenerationParams,
   type GenerationResult,

@@ -1,7 +1,10 @@
 import { basename } from 'node:path';
 import { HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
 import { detachFd, initBackend, peekFirstByte, rpcWorkerPath, shutdownFd } from '@hydra-engine/native-ggml';
+import { DRAIN_TIMEOUT_ENV, parseDrainTimeout } from '@hydra-engine/tiering';
 import type { ServeArgs } from './args.js';
+import { Controller } from './control/controller.js';
+import { controlRoutes, registerControl } from './control/wire.js';
 import { Engine } from './engine.js';
 import { HydraError } from './errors.js';
 import { HttpApi } from './http.js';
@@ -13,6 +16,7 @@ export const ENGINE_VERSION = '0.1.0';
 
 export interface RunningEngine {
   engine: Engine;
+  controller: Controller;
   http: HttpApi;
   port: HydraPort | undefined;
   httpPort: number;
@@ -59,6 +63,15 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   const log = options.log ?? process.stderr;
   const t4 = args.layers.startOnly();
   const info = (m: string) => log.write(`${m}\n`);
+  let drainTimeoutMs: number;
+  try {
+    drainTimeoutMs = parseDrainTimeout(process.env[DRAIN_TIMEOUT_ENV]);
+  } catch (err) {
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', (err as Error).message, {
+      keys: [DRAIN_TIMEOUT_ENV],
+      cause: err,
+    });
+  }
   const engine = new Engine({
     layers: args.layers,
     maxQueue: args.settings.maxQueue,
@@ -67,7 +80,17 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   });
   const apiKey = t4.api_key as string;
   let port: HydraPort | undefined;
+  const controller = new Controller({ engine, registry: args.registry, drainTimeoutMs });
+  const allowFrom = (t4.control_allow_from as string[]).map((c) =>
+    c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8'),
+  );
   const http = new HttpApi({
+    control: controlRoutes(controller, {
+      allowFrom,
+      maxBodyBytes: args.settings.maxBodyBytes,
+      bodyTimeoutMs: args.settings.bodyTimeoutMs,
+      poolStats: () => port?.stats(),
+    }),
     engine,
     ...(apiKey ? { apiKey } : {}),
     maxBodyBytes: args.settings.maxBodyBytes,
@@ -85,9 +108,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     port = new HydraPort({
       host,
       port: wantedRpc,
-      allowFrom: (t4.control_allow_from as string[]).map((c) =>
-        c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8'),
-      ),
+      allowFrom,
       native: { peekFirstByte, detachFd, shutdownFd },
       rpcWorker: { filename: options.rpcWorkerFilename ?? rpcWorkerPath },
       logger: { info, warn: info, error: info },
@@ -101,7 +122,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
         .devices()
         .map(({ name, description, free, total }) => ({ name, description, free, total })),
     }));
-    port.handle('STATUS', () => statusOf(engine));
+    registerControl(port, controller);
     try {
       rpcPort = (await port.listen()).port;
     } catch (err) {
@@ -138,12 +159,14 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   }
   return {
     engine,
+    controller,
     http,
     port,
     httpPort: address.port,
     rpcPort,
     loaded,
     async close() {
+      controller.close();
       await http.close();
       await engine.close();
       await port?.close();

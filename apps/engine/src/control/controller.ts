@@ -1,0 +1,475 @@
+import { stat } from 'node:fs/promises';
+import { probeRpcServer } from '@hydra-engine/native-ggml';
+import type { ModelRegistry } from '@hydra-engine/resolver';
+import { readGguf } from '@hydra-engine/resolver';
+import { type Decision, DeferralPolicy, type PlanResult, plan } from '@hydra-engine/tiering';
+import type { Engine, ExpertMode } from '../engine.js';
+import { HydraError } from '../errors.js';
+import { fileSource } from '../placement.js';
+
+/** STATE_GET chunk when `state_chunk_size` was never set (the issue's 2 MiB, above tiering's 1 MiB default). */
+export const DEFAULT_STATE_CHUNK = 2 * 1024 * 1024;
+/** Largest slot state STATE_PUT accepts. */
+export const MAX_STATE_BYTES = 1024 * 1024 * 1024;
+const MAX_CHUNK = 64 * 1024 * 1024;
+
+export interface ControllerOptions {
+  engine: Engine;
+  registry?: ModelRegistry | undefined;
+  /** From `HYDRA_COORD_PROFILE_SWITCH_DRAIN_TIMEOUT` (tiering's parseDrainTimeout). */
+  drainTimeoutMs: number;
+  /** ggml-RPC HELLO probe of a peer; native-ggml's by default. */
+  probe?: (endpoint: string) => Promise<unknown>;
+}
+
+export interface ConfigureReply {
+  tier: PlanResult['tier'];
+  params_applied: Record<string, unknown>;
+  deferred_keys: string[];
+  epoch: number;
+  state_chunk_size_applied?: number;
+}
+
+/** Facts of a GGUF that quant parity compares. */
+export interface ShapeFacts {
+  arch: string;
+  n_layer: number;
+  n_embd: number;
+  n_vocab: number;
+  n_expert: number;
+}
+
+function badValue(message: string, key: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_VALUE', message, { keys: [key] });
+}
+
+function intField(
+  req: Record<string, unknown>,
+  key: string,
+  dflt: number | undefined,
+  min: number,
+  max: number,
+): number {
+  const v = req[key] ?? dflt;
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
+    throw badValue(`${key} must be an integer in ${min}..${max}`, key);
+  }
+  return v;
+}
+
+/** Reads arch, block count, embedding width and vocabulary size from a GGUF header. */
+export async function shapeOf(
+  path: string,
+): Promise<ShapeFacts & { tensors: { name: string; bytes: number }[] }> {
+  const src = await fileSource(path);
+  try {
+    const g = await readGguf(src);
+    const arch = String(g.get('general.architecture'));
+    const num = (k: string) => Number(g.get(k) ?? 0);
+    const tokens = g.get('tokenizer.ggml.tokens');
+    const nVocab = Array.isArray(tokens) ? tokens.length : num(`${arch}.vocab_size`);
+    return {
+      arch,
+      n_layer: num(`${arch}.block_count`),
+      n_embd: num(`${arch}.embedding_length`),
+      n_vocab: nVocab,
+      n_expert: num(`${arch}.expert_count`),
+      tensors: g.tensors.map((t) => ({ name: t.name, bytes: Number(t.bytes) })),
+    };
+  } finally {
+    await src.close();
+  }
+}
+
+/**
+ * The control plane over one {@link Engine}: CONFIGURE/PLAN on tiering's planner and
+ * {@link DeferralPolicy} (T1 at once; T2/T3 at once when idle, otherwise when every slot is free or
+ * the drain timeout ends the running requests), slot state transfer in chunks, expert mode and
+ * quantization swaps. Transport-free: the Hydra port and the `/control` routes call it.
+ */
+export class Controller {
+  readonly engine: Engine;
+  readonly #registry: ModelRegistry | undefined;
+  readonly #drainTimeoutMs: number;
+  readonly #probe: (endpoint: string) => Promise<unknown>;
+  #policy: DeferralPolicy;
+  #chain: Promise<void> = Promise.resolve();
+  #timer: NodeJS.Timeout | undefined;
+  #drainHeld = false;
+  #appliedWaiters: (() => void)[] = [];
+  readonly #snapshots = new Map<number, Buffer>();
+  readonly #uploads = new Map<number, { total: number; parts: Buffer[]; received: number }>();
+
+  constructor(options: ControllerOptions) {
+    if (!options || typeof options !== 'object')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options must be an object');
+    const { engine, drainTimeoutMs } = options;
+    if (typeof drainTimeoutMs !== 'number' || !Number.isFinite(drainTimeoutMs) || drainTimeoutMs < 0) {
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.drainTimeoutMs must be a finite number >= 0');
+    }
+    this.engine = engine;
+    this.#registry = options.registry;
+    this.#drainTimeoutMs = drainTimeoutMs;
+    this.#probe = options.probe ?? ((e) => probeRpcServer(e));
+    this.#policy = this.#freshPolicy();
+    engine.onSlotsChanged((busy) => {
+      // A failed deferred rebuild was already rolled back; its error has no caller to reach.
+      this.#carry(this.#policy.setBusySlots(busy, performance.now())).catch(() => undefined);
+    });
+  }
+
+  #freshPolicy(): DeferralPolicy {
+    const p = new DeferralPolicy({
+      drainTimeoutMs: this.#drainTimeoutMs,
+      applied: this.engine.layers.effective(),
+    });
+    p.setBusySlots(this.engine.slots.busy, performance.now());
+    return p;
+  }
+
+  get drainTimeoutMs(): number {
+    return this.#drainTimeoutMs;
+  }
+
+  /** Keys waiting for every slot to be free. */
+  get deferredKeys(): string[] {
+    return this.#policy.deferredKeys;
+  }
+
+  /** The STATE_GET chunk size in force. */
+  get stateChunkSize(): number {
+    const layers = this.engine.layers;
+    return layers.sourceOf('state_chunk_size') === 'default'
+      ? DEFAULT_STATE_CHUNK
+      : (layers.get('state_chunk_size') as number);
+  }
+
+  /** PLAN: what CONFIGURE would do, applying nothing. */
+  plan(delta: unknown): Pick<PlanResult, 'tier' | 'rebuild'> & { changes: object[] } {
+    const r = plan(this.#policy.target, delta);
+    return {
+      tier: r.tier,
+      changes: r.changes.map(({ key, from, to, tier }) => ({ key, from, to, tier })),
+      rebuild: r.rebuild,
+    };
+  }
+
+  /**
+   * CONFIGURE: validates the whole delta (and that a new model exists and named peers answer)
+   * before changing anything, then applies T1 at once and T2/T3 at once when idle (awaited, so a
+   * failed load is this request's error) or deferred.
+   */
+  async configure(delta: unknown): Promise<ConfigureReply> {
+    const r = plan(this.#policy.target, delta);
+    await this.#precheck(r);
+    const decision = this.#policy.submit(r, performance.now());
+    const done = this.#carry(decision);
+    await done;
+    const reply: ConfigureReply = {
+      tier: r.tier,
+      params_applied: r.paramsApplied,
+      deferred_keys: this.#policy.deferredKeys,
+      epoch: this.engine.epoch,
+    };
+    if (r.stateChunkSizeApplied !== undefined) reply.state_chunk_size_applied = r.stateChunkSizeApplied;
+    return reply;
+  }
+
+  /** Resolves once nothing is deferred and no rebuild is running. */
+  async settled(): Promise<void> {
+    for (;;) {
+      await this.#chain;
+      if (this.#policy.deferredKeys.length === 0) return;
+      await new Promise<void>((resolve) => this.#appliedWaiters.push(resolve));
+    }
+  }
+
+  async #precheck(r: PlanResult): Promise<void> {
+    const changed = new Map(r.changes.map((c) => [c.key, c.to]));
+    const model = changed.get('model');
+    if (typeof model === 'string' && model !== '') await this.resolveModel(model);
+    const peers = (r.next.rpc_servers as string[] | undefined) ?? [];
+    if (changed.has('rpc_servers') || (changed.has('model') && peers.length > 0)) {
+      for (const peer of peers) {
+        try {
+          await this.#probe(peer);
+        } catch (err) {
+          throw new HydraError(
+            'HYDRA_ERR_PEER_UNREACHABLE',
+            `rpc peer ${peer} did not answer: ${(err as Error).message}`,
+            {
+              keys: ['rpc_servers'],
+              details: { peer },
+              cause: err,
+            },
+          );
+        }
+      }
+    }
+  }
+
+  /** A `model` value (path or registry alias) to a readable file path. */
+  async resolveModel(model: string): Promise<string> {
+    let path = model;
+    if (this.#registry) {
+      try {
+        path = this.#registry.resolve(model).path;
+      } catch (err) {
+        throw new HydraError('HYDRA_ERR_UNKNOWN_MODEL', (err as Error).message, {
+          keys: ['model'],
+          cause: err,
+        });
+      }
+    }
+    const st = await stat(path).catch(() => undefined);
+    if (!st?.isFile()) {
+      throw new HydraError(
+        'HYDRA_ERR_UNKNOWN_MODEL',
+        `model ${JSON.stringify(model)} is neither a registry alias nor a readable file`,
+        { keys: ['model'] },
+      );
+    }
+    return path;
+  }
+
+  /** Carries out a decision; returns when its rebuild (if any) ends. */
+  #carry(d: Decision): Promise<void> {
+    if (d.endRunning) {
+      // Past the drain deadline: admit nothing new, end what runs; queued requests wait.
+      if (!this.#drainHeld) {
+        this.#drainHeld = true;
+        this.engine.hold();
+      }
+      this.engine.endRunning(
+        new HydraError(
+          'HYDRA_ERR_DRAIN_TIMEOUT',
+          `ended by a configuration change (${d.deferredKeys.join(', ')}) after the ${this.#drainTimeoutMs} ms drain timeout`,
+        ),
+      );
+    }
+    this.#arm();
+    if (d.apply.length === 0) {
+      if (this.#drainHeld && !this.#policy.draining) {
+        // The waiting changes were withdrawn by a later CONFIGURE.
+        this.#drainHeld = false;
+        this.engine.resume();
+      }
+      return this.#chain;
+    }
+    const engine = this.engine;
+    const previous = d.apply.map((c) => ({ ...c, from: c.to, to: c.from }));
+    engine.layers.record(d.apply);
+    // Holding now (synchronously) keeps the next admission off the old context or model.
+    engine.hold();
+    const releaseDrain = this.#drainHeld;
+    this.#drainHeld = false;
+    const run = async () => {
+      try {
+        await this.#rebuild(d.rebuild);
+      } catch (err) {
+        engine.layers.record(previous);
+        this.#policy = this.#freshPolicy();
+        if (d.rebuild === 'model' && engine.layers.get('model')) {
+          await engine.load().catch(() => undefined);
+        }
+        throw err;
+      } finally {
+        engine.resume();
+        if (releaseDrain) engine.resume();
+        for (const w of this.#appliedWaiters.splice(0)) w();
+      }
+    };
+    const step = this.#chain.then(run);
+    this.#chain = step.catch(() => undefined);
+    return step;
+  }
+
+  async #rebuild(rebuild: Decision['rebuild']): Promise<void> {
+    if (rebuild === 'model') {
+      if (this.engine.layers.get('model')) {
+        this.#snapshots.clear();
+        await this.engine.load();
+        return;
+      }
+      rebuild = 'none';
+    }
+    if (rebuild === 'context') this.#snapshots.clear();
+    await this.engine.reconfigure(rebuild);
+  }
+
+  #arm(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    const deadline = this.#policy.deadlineMs;
+    if (deadline === null || this.#policy.draining) return;
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = undefined;
+        this.#carry(this.#policy.tick(Math.max(performance.now(), deadline))).catch(() => undefined);
+      },
+      Math.max(0, deadline - performance.now()),
+    );
+    this.#timer.unref();
+  }
+
+  /** STATE_GET: a chunk of a slot's state; offset 0 takes a fresh snapshot. */
+  async stateGet(req: Record<string, unknown>): Promise<{ total: number; offset: number; data: Buffer }> {
+    const slot = intField(req, 'slot', 0, 0, 1 << 20);
+    const offset = intField(req, 'offset', 0, 0, Number.MAX_SAFE_INTEGER);
+    const chunk = intField(req, 'chunk_size', this.stateChunkSize, 1, MAX_CHUNK);
+    let snap = offset === 0 ? undefined : this.#snapshots.get(slot);
+    if (!snap) {
+      snap = await this.engine.getSlotState(slot);
+      this.#snapshots.set(slot, snap);
+    }
+    if (offset > snap.length)
+      throw badValue(`offset ${offset} is past the state's ${snap.length} bytes`, 'offset');
+    const data = snap.subarray(offset, Math.min(snap.length, offset + chunk));
+    if (offset + data.length >= snap.length) this.#snapshots.delete(slot);
+    return { total: snap.length, offset, data };
+  }
+
+  /** STATE_PUT: chunks in order (offset 0 restarts); the last one restores the slot. */
+  async statePut(req: Record<string, unknown>): Promise<{ received: number; complete: boolean }> {
+    const slot = intField(req, 'slot', 0, 0, 1 << 20);
+    const offset = intField(req, 'offset', undefined, 0, MAX_STATE_BYTES);
+    const total = intField(req, 'total', undefined, 1, MAX_STATE_BYTES);
+    const data = req.data;
+    if (!(data instanceof Uint8Array)) throw badValue('data must be bytes', 'data');
+    if (slot >= this.engine.slots.total) {
+      throw badValue(`slot must be an integer in 0..${this.engine.slots.total - 1}`, 'slot');
+    }
+    let up = this.#uploads.get(slot);
+    if (offset === 0) up = { total, parts: [], received: 0 };
+    else if (!up || up.received !== offset) {
+      throw badValue(`offset ${offset} does not follow the ${up?.received ?? 0} bytes received`, 'offset');
+    }
+    if (up.total !== total) throw badValue(`total changed from ${up.total} to ${total}`, 'total');
+    if (offset + data.length > total)
+      throw badValue(`offset + data (${offset + data.length}) is past total ${total}`, 'data');
+    up.parts.push(Buffer.from(data));
+    up.received += data.length;
+    if (up.received < total) {
+      this.#uploads.set(slot, up);
+      return { received: up.received, complete: false };
+    }
+    this.#uploads.delete(slot);
+    await this.engine.setSlotState(slot, Buffer.concat(up.parts, total));
+    return { received: up.received, complete: true };
+  }
+
+  /** SET_EXPERT_MODE through the engine's hook. */
+  async setExpertMode(req: Record<string, unknown>): Promise<{
+    mode: ExpertMode;
+    previous: ExpertMode;
+    switch_ms: number;
+    reloaded: false;
+  }> {
+    const mode = req.mode;
+    if (mode !== 'solo' && mode !== 'combined') throw badValue('mode must be "solo" or "combined"', 'mode');
+    const model = this.engine.model;
+    if (!model) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded');
+    if (!(model.info.nExpert > 0)) {
+      throw new HydraError(
+        'HYDRA_ERR_NOT_MOE',
+        `the loaded model (${model.info.arch}) is dense: it has no experts to place`,
+      );
+    }
+    if ((this.engine.layers.get('rpc_servers') as string[]).length === 0) {
+      throw new HydraError('HYDRA_ERR_NO_PEER', 'no rpc_servers peer is configured to hold experts', {
+        keys: ['rpc_servers'],
+      });
+    }
+    const previous = this.engine.mode;
+    const t0 = performance.now();
+    await this.engine.setExpertMode(mode);
+    return { mode, previous, switch_ms: performance.now() - t0, reloaded: false };
+  }
+
+  /** SWAP_QUANT: CONFIGURE `{model}` after checking the new file has the loaded model's shape. */
+  async swapQuant(req: Record<string, unknown>): Promise<ConfigureReply> {
+    if (typeof req.model !== 'string' || req.model === '')
+      throw badValue('model must be a non-empty string', 'model');
+    const loaded = this.engine.model;
+    if (!loaded || !this.engine.modelPath)
+      throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded to swap');
+    const path = await this.resolveModel(req.model);
+    const next = await shapeOf(path);
+    const cur = loaded.info;
+    const want: ShapeFacts = {
+      arch: cur.arch,
+      n_layer: cur.nLayer,
+      n_embd: cur.nEmbd,
+      n_vocab: cur.nVocab,
+      n_expert: cur.nExpert,
+    };
+    const differ = (Object.keys(want) as (keyof ShapeFacts)[]).filter((k) => want[k] !== next[k]);
+    if (differ.length > 0) {
+      throw new HydraError(
+        'HYDRA_ERR_QUANT_PARITY',
+        `${req.model} is not a quantization of the loaded model: ${differ.map((k) => `${k} ${next[k]} vs ${want[k]}`).join(', ')}`,
+        { keys: differ, details: { loaded: want, offered: { ...next, tensors: undefined } } },
+      );
+    }
+    return this.configure({ model: req.model });
+  }
+
+  /**
+   * `POST /control/load_model`: loads `model` (CONFIGURE `{model}`; waits for a deferred load).
+   * With `keepLayerRange`, blocks outside lo..hi are pinned to host memory by tensor overrides, so
+   * only blk.lo..hi go to the offload devices; llama.cpp still needs every tensor of the graph.
+   */
+  async loadModel(req: Record<string, unknown>): Promise<{
+    loaded: true;
+    n_tensors: number;
+    size_mb: number;
+    tier: ConfigureReply['tier'];
+    epoch: number;
+    keep_layer_range?: { lo: number; hi: number };
+  }> {
+    if (typeof req.model !== 'string' || req.model === '')
+      throw badValue('model must be a non-empty string', 'model');
+    const path = await this.resolveModel(req.model);
+    const shape = await shapeOf(path);
+    const delta: Record<string, unknown> = { model: req.model };
+    let range: { lo: number; hi: number } | undefined;
+    if (req.keep_layer_range !== undefined) {
+      const r = req.keep_layer_range as Record<string, unknown>;
+      if (typeof r !== 'object' || r === null)
+        throw badValue('keep_layer_range must be {lo, hi}', 'keep_layer_range');
+      const lo = intField(r, 'lo', undefined, 0, shape.n_layer - 1);
+      const hi = intField(r, 'hi', undefined, lo, shape.n_layer - 1);
+      range = { lo, hi };
+      const outside: number[] = [];
+      for (let i = 0; i < shape.n_layer; i++) if (i < lo || i > hi) outside.push(i);
+      delta.override_tensors = outside.length > 0 ? [`blk\\.(${outside.join('|')})\\.=CPU`] : [];
+    }
+    const reply = await this.configure(delta);
+    await this.settled();
+    if (this.engine.state !== 'ready' || this.engine.modelPath !== path) {
+      throw new HydraError(
+        'HYDRA_ERR_LOAD_FAILED',
+        `model ${req.model} is not loaded (state ${this.engine.state})`,
+      );
+    }
+    const inRange = (name: string) => {
+      if (!range) return true;
+      const m = /^blk\.(\d+)\./.exec(name);
+      return m !== null && Number(m[1]) >= range.lo && Number(m[1]) <= range.hi;
+    };
+    const kept = shape.tensors.filter((t) => inRange(t.name));
+    const bytes = kept.reduce((s, t) => s + t.bytes, 0);
+    return {
+      loaded: true,
+      n_tensors: kept.length,
+      size_mb: Math.round((bytes / (1024 * 1024)) * 100) / 100,
+      tier: reply.tier,
+      epoch: this.engine.epoch,
+      ...(range ? { keep_layer_range: range } : {}),
+    };
+  }
+
+  close(): void {
+    clearTimeout(this.#timer);
+  }
+}

@@ -1,0 +1,202 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { Allowlist, type HydraPort, type HydraPortStats } from '@hydra-engine/hydra-rpc';
+import { HydraError } from '../errors.js';
+import type { Controller } from './controller.js';
+
+/** The Hydra STATUS reply (protocol.md) with the extra facts a coordinator uses. */
+export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | undefined) {
+  const { engine } = c;
+  const m = engine.model?.info;
+  const applied = engine.layers.overrides();
+  const sources: Record<string, string> = {};
+  for (const key of Object.keys(applied)) sources[key] = engine.layers.sourceOf(key) ?? 'default';
+  const stats = poolStats?.();
+  return {
+    state: engine.state,
+    model: m
+      ? {
+          path: engine.modelPath ?? '',
+          arch: m.arch,
+          n_layer: m.nLayer,
+          n_embd: m.nEmbd,
+          n_vocab: m.nVocab,
+          n_expert: m.nExpert,
+          n_params: m.nParams,
+          size: m.size,
+          n_ctx_train: m.nCtxTrain,
+        }
+      : null,
+    mode: engine.mode,
+    epoch: engine.epoch,
+    applied,
+    applied_sources: sources,
+    deferred_keys: c.deferredKeys,
+    drain_timeout_ms: c.drainTimeoutMs,
+    slots: {
+      total: engine.slots.total,
+      busy: engine.slots.busy,
+      queued: engine.queueDepth,
+      n_ctx_seq: engine.slots.nCtxSeq,
+    },
+    state_chunk_size: c.stateChunkSize,
+    devices: engine
+      .devices()
+      .map(({ name, description, type, free, total }) => ({ name, description, type, free, total })),
+    peers: (engine.layers.get('rpc_servers') as string[]).map((endpoint) => ({ endpoint })),
+    ...(stats ? { pool: stats.rpc, connections: stats.connections } : {}),
+    ...(engine.placement ? { placement: engine.placement.rows } : {}),
+    ...(engine.lastError ? { last_error: engine.lastError } : {}),
+  };
+}
+
+/** Registers every control opcode of protocol.md on the merged port (HELLO stays the caller's). */
+export function registerControl(port: HydraPort, c: Controller): void {
+  port.handle('STATUS', () => controlStatus(c, () => port.stats()));
+  port.handle('CONFIGURE', (req) => c.configure(req));
+  port.handle('PLAN', (req) => c.plan(req));
+  port.handle('STATE_GET', (req) => c.stateGet(req));
+  port.handle('STATE_PUT', (req) => c.statePut(req));
+  port.handle('SET_EXPERT_MODE', (req) => c.setExpertMode(req));
+  port.handle('SWAP_QUANT', (req) => c.swapQuant(req));
+  port.handle('PIPELINE_ATTACH', () => {
+    throw new HydraError(
+      'HYDRA_ERR_RETIRED',
+      'PIPELINE_ATTACH is retired: use CONFIGURE with rpc_servers and tensor_split',
+    );
+  });
+}
+
+const HTTP_STATUS: Record<string, number> = {
+  HYDRA_ERR_FORBIDDEN: 403,
+  HYDRA_ERR_NOT_FOUND: 404,
+  HYDRA_ERR_METHOD_NOT_ALLOWED: 405,
+  HYDRA_ERR_REQUEST_TIMEOUT: 408,
+  HYDRA_ERR_BODY_TOO_LARGE: 413,
+  HYDRA_ERR_PEER_UNREACHABLE: 502,
+  HYDRA_ERR_NO_MODEL: 503,
+  HYDRA_ERR_LOADING: 503,
+  HYDRA_ERR_DRAINING: 503,
+  HYDRA_ERR_NOT_MOE: 409,
+  HYDRA_ERR_NO_PEER: 409,
+  HYDRA_ERR_QUANT_PARITY: 409,
+  HYDRA_ERR_SLOT_BUSY: 409,
+  HYDRA_ERR_LOAD_FAILED: 500,
+  HYDRA_ERR_INTERNAL: 500,
+};
+
+function reply(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+function fail(res: ServerResponse, err: unknown): void {
+  const e = err instanceof HydraError ? err : undefined;
+  const code = e?.code ?? 'HYDRA_ERR_INTERNAL';
+  if (res.headersSent) return;
+  reply(res, HTTP_STATUS[code] ?? 400, {
+    success: false,
+    error: {
+      code,
+      message: (err as Error)?.message ?? String(err),
+      ...(e?.keys?.length ? { keys: e.keys } : {}),
+    },
+  });
+}
+
+function readBody(
+  req: IncomingMessage,
+  maxBytes: number,
+  timeoutMs: number,
+): Promise<Record<string, unknown>> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const timer = setTimeout(() => {
+      req.destroy();
+      reject(new HydraError('HYDRA_ERR_REQUEST_TIMEOUT', `the body did not arrive within ${timeoutMs} ms`));
+    }, timeoutMs);
+    req.on('data', (d: Buffer) => {
+      size += d.length;
+      if (size > maxBytes) {
+        clearTimeout(timer);
+        req.destroy();
+        reject(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body exceeds ${maxBytes} bytes`));
+      } else chunks.push(d);
+    });
+    req.on('end', () => {
+      clearTimeout(timer);
+      const text = Buffer.concat(chunks).toString('utf8');
+      let body: unknown;
+      try {
+        body = text.trim() === '' ? {} : JSON.parse(text);
+      } catch (err) {
+        reject(new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`));
+        return;
+      }
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+        reject(new HydraError('HYDRA_ERR_BAD_REQUEST', 'the body must be a JSON object'));
+      } else resolve(body as Record<string, unknown>);
+    });
+    req.on('error', (err) => {
+      clearTimeout(timer);
+      reject(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`));
+    });
+  });
+}
+
+export interface ControlRoutesOptions {
+  /** CIDR list (`--control-allow-from`); the peer address must be on it. */
+  allowFrom: readonly string[];
+  maxBodyBytes: number;
+  bodyTimeoutMs: number;
+  poolStats?: () => HydraPortStats | undefined;
+}
+
+/**
+ * The operator mirrors of the control opcodes under `/control/`. Returns a handler that answers
+ * `/control/*` requests (true) and leaves other paths alone (false).
+ */
+export function controlRoutes(
+  c: Controller,
+  options: ControlRoutesOptions,
+): (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean> {
+  const allow = new Allowlist(options.allowFrom);
+  const post: Record<string, (body: Record<string, unknown>) => Promise<object>> = {
+    '/control/configure': async (b) => c.configure(b),
+    '/control/load_model': (b) => c.loadModel(b),
+    '/control/set_expert_mode': (b) => c.setExpertMode(b),
+  };
+  return async (req, res, path) => {
+    if (path !== '/control' && !path.startsWith('/control/')) return false;
+    try {
+      if (!allow.allows(req.socket.remoteAddress)) {
+        req.resume();
+        throw new HydraError(
+          'HYDRA_ERR_FORBIDDEN',
+          `${req.socket.remoteAddress} is not in --control-allow-from`,
+        );
+      }
+      if (path === '/control/status') {
+        req.resume();
+        if (req.method !== 'GET') throw new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', 'use GET');
+        reply(res, 200, { success: true, ...controlStatus(c, options.poolStats) });
+        return true;
+      }
+      const handler = post[path];
+      if (!handler) {
+        req.resume();
+        throw new HydraError('HYDRA_ERR_NOT_FOUND', `no route ${req.method} ${path}`);
+      }
+      if (req.method !== 'POST') {
+        req.resume();
+        throw new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', 'use POST');
+      }
+      const body = await readBody(req, options.maxBodyBytes, options.bodyTimeoutMs);
+      reply(res, 200, { success: true, ...(await handler(body)) });
+    } catch (err) {
+      fail(res, err);
+    }
+    return true;
+  };
+}
