@@ -1,0 +1,69 @@
+// Writes benchmarks/dist/gpu/ (git-ignored, outside biome's reach): the GPU benchmark and the engine as CommonJS bundles
+// that need neither node_modules nor a build on the device machine, only a node binary.
+//   run.cjs             benchmarks/gpu/run.mjs with hydra-rpc, native-ggml/synth and the schema
+//   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
+//   piscina-worker.cjs  piscina's worker (the merged port's pool), under the name the bundle asks for
+//   rpc-worker.js       native-ggml's ggml-RPC worker, where the bundled wrapper looks for it
+// Run after `pnpm build` (it bundles the tsc output).
+import { mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { build } from 'esbuild';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..', '..');
+const out = join(here, '..', 'dist', 'gpu');
+const pkgDir = (from, name) => realpathSync(join(from, 'node_modules', name));
+const engineDir = join(root, 'apps/engine');
+const nativeDir = pkgDir(engineDir, '@hydra-engine/native-ggml');
+const piscinaDir = join(pkgDir(pkgDir(engineDir, '@hydra-engine/hydra-rpc'), 'piscina'), 'dist');
+
+rmSync(out, { recursive: true, force: true });
+mkdirSync(out, { recursive: true });
+// .js files here are CommonJS whatever benchmarks/package.json says.
+writeFileSync(join(out, 'package.json'), '{ "type": "commonjs" }\n');
+
+// import.meta.url has no meaning in a CommonJS bundle: each bundle gets its own file's URL.
+const common = {
+  bundle: true,
+  platform: 'node',
+  target: 'node20',
+  format: 'cjs',
+  define: { 'import.meta.url': '__hydra_meta_url' },
+  external: ['msgpackr-extract', '@napi-rs/nice'],
+  logLevel: 'warning',
+  banner: { js: 'var __hydra_meta_url = require("node:url").pathToFileURL(__filename).href;' },
+};
+const renamePiscinaWorker = {
+  name: 'piscina-worker-name',
+  setup(b) {
+    b.onLoad({ filter: /piscina[\\/]dist[\\/]index\.js$/ }, (args) => ({
+      contents: readFileSync(args.path, 'utf8').replace("'worker.js'", "'piscina-worker.cjs'"),
+      loader: 'js',
+    }));
+  },
+};
+
+await build({
+  ...common,
+  entryPoints: [join(here, 'run.mjs')],
+  outfile: join(out, 'run.cjs'),
+  plugins: [renamePiscinaWorker],
+});
+await build({
+  ...common,
+  entryPoints: [join(engineDir, 'dist/cli.js')],
+  outfile: join(out, 'cli.cjs'),
+  plugins: [renamePiscinaWorker],
+});
+await build({
+  ...common,
+  entryPoints: [join(piscinaDir, 'worker.js')],
+  outfile: join(out, 'piscina-worker.cjs'),
+});
+await build({
+  ...common,
+  entryPoints: [join(nativeDir, 'dist/rpc-worker.js')],
+  outfile: join(out, 'rpc-worker.js'),
+});
+console.error(`bundle: wrote ${out}`);
