@@ -1,0 +1,124 @@
+import { execFileSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newResult, writeResult } from '../src/results.js';
+import { makeFigure } from '../src/schema.js';
+
+const here = new URL('.', import.meta.url).pathname;
+const pkg = join(here, '..');
+
+// Debian's `chromium` package (apt-get install -y chromium). Its absence fails the test: CI must
+// install it; HYDRA_CHROMIUM names another binary.
+function findChromium(): string | undefined {
+  if (process.env.HYDRA_CHROMIUM) return process.env.HYDRA_CHROMIUM;
+  for (const name of ['chromium', 'chromium-browser', 'google-chrome']) {
+    try {
+      return execFileSync('which', [name], { encoding: 'utf8' }).trim();
+    } catch {
+      // try the next name
+    }
+  }
+  return undefined;
+}
+
+describe('dashboard', () => {
+  let dir: string;
+  let results: string;
+  let out: string;
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), 'hydra-dash-'));
+    results = join(dir, 'results');
+    out = join(dir, 'out');
+    // The committed results (legacy shapes included) plus two runs of a GPU-like suite with a limit.
+    writeResult(newResult('micro', []), results);
+    for (const f of readdirSync(join(pkg, 'results')).filter((n) => n.endsWith('.json'))) {
+      copyFileSync(join(pkg, 'results', f), join(results, f));
+    }
+    for (const [i, day] of ['2026-11-01T10:00:00Z', '2026-11-02T10:00:00Z'].entries()) {
+      const fig = makeFigure({
+        name: 'SOLO decode 8b q4_0, engine HTTP stream',
+        unit: 'tok/s',
+        samples: [150 + i, 152 + i, 149 + i],
+        anchor: { name: 'llama-bench tg128', unit: 'tok/s', samples: [160, 161, 159] },
+        limit: { name: 'bandwidth bound', unit: 'tok/s', value: 1062 },
+      });
+      writeResult(newResult('gpu', [fig], [], undefined, new Date(day)), results);
+    }
+    execFileSync(
+      process.execPath,
+      [join(pkg, 'dashboard', 'build.mjs'), '--results', results, '--out', out],
+      {
+        stdio: 'ignore',
+      },
+    );
+  }, 60_000);
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('builds one self-contained page with uPlot and every results file inlined', async () => {
+    const { readFileSync } = await import('node:fs');
+    const html = readFileSync(join(out, 'index.html'), 'utf8');
+    expect(html).toContain('uPlot');
+    expect(html).toContain('hydra-status-round-trip-latency');
+    expect(html).toContain('SOLO decode 8b q4_0');
+    expect(html).not.toMatch(/<script src=/);
+  });
+
+  it('draws every chart in headless Chromium', () => {
+    const chromium = findChromium();
+    if (!chromium) {
+      throw new Error(
+        "chromium not found: install Debian's package with `apt-get install -y chromium` (or set HYDRA_CHROMIUM)",
+      );
+    }
+    const page = pathToFileURL(join(out, 'index.html')).href;
+    const dom = execFileSync(
+      chromium,
+      [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-dev-shm-usage',
+        '--virtual-time-budget=5000',
+        '--dump-dom',
+        page,
+      ],
+      { encoding: 'utf8', timeout: 60_000, stdio: ['ignore', 'pipe', 'ignore'] },
+    );
+    const charts = Number(/data-charts="(\d+)"/.exec(dom)?.[1]);
+    const drawn = JSON.parse(
+      (/data-drawn="([^"]*)"/.exec(dom)?.[1] ?? '[]').replace(/&quot;/g, '"'),
+    ) as number[];
+    // tiering-plan 3 + hydra-rpc-port 6 + gpu 1 figure names.
+    expect(charts).toBe(10);
+    expect(drawn.length).toBeGreaterThanOrEqual(charts);
+    for (const n of drawn) expect(n).toBeGreaterThan(1000);
+  }, 90_000);
+
+  it('is not fooled by an empty page: no results, no charts', () => {
+    const chromium = findChromium();
+    if (!chromium) throw new Error('chromium not found: apt-get install -y chromium');
+    const empty = join(dir, 'empty');
+    execFileSync(
+      process.execPath,
+      [join(pkg, 'dashboard', 'build.mjs'), '--results', join(dir, 'none'), '--out', empty],
+      { stdio: 'ignore' },
+    );
+    expect(existsSync(join(empty, 'index.html'))).toBe(true);
+    const dom = execFileSync(
+      chromium,
+      [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--virtual-time-budget=3000',
+        '--dump-dom',
+        pathToFileURL(join(empty, 'index.html')).href,
+      ],
+      { encoding: 'utf8', timeout: 60_000, stdio: ['ignore', 'pipe', 'ignore'] },
+    );
+    expect(/data-charts="(\d+)"/.exec(dom)?.[1]).toBe('0');
+  }, 90_000);
+});
