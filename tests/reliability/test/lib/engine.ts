@@ -44,13 +44,13 @@ export interface EngineProcess {
  */
 export async function spawnEngine(
   flags: string[],
-  options: { timeoutMs?: number; rpc?: boolean } = {},
+  options: { timeoutMs?: number; rpc?: boolean; env?: Record<string, string> } = {},
 ): Promise<EngineProcess> {
   // --rpc-port 0 means "off", so the merged port gets a port that was free a moment ago.
   const rpcFlags = options.rpc ? ['--rpc-port', String(await freePort())] : [];
   const proc = spawn(process.execPath, [CLI, '--port', '0', '--progress', 'off', ...rpcFlags, ...flags], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env },
+    env: { ...process.env, ...options.env },
   });
   let out = '';
   let exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
