@@ -644,6 +644,8 @@ export class Engine {
       this.#cache[i] = cached.subarray(0, reuse);
       job.reuse = reuse;
       job.slot = i;
+      // The configuration that serves it is the one in force at admission, not at submission.
+      job.epoch = this.#epoch;
       changed = true;
       job.sampler = model.createSampler(job.params.sampler);
       if (

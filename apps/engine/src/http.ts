@@ -474,7 +474,14 @@ export class HttpApi {
           finish_reason: result.finishReason,
           logprobs: null,
         }
-      : { index: 0, text: result.text, finish_reason: result.finishReason, logprobs: null };
+      : {
+          index: 0,
+          text: result.text,
+          finish_reason: result.finishReason,
+          logprobs: null,
+          // llama.cpp server's `return_tokens`: the ids to continue a cached slot with.
+          ...(body.return_tokens === true ? { tokens: result.tokens } : {}),
+        };
     sendJson(
       res,
       200,
