@@ -29,6 +29,8 @@ export function httpRequest(
         method: options.method ?? (options.body === undefined ? 'GET' : 'POST'),
         headers: { 'content-type': 'application/json', ...options.headers },
         localAddress: options.localAddress,
+        // one connection per request: a kept-alive socket would count as an engine fd
+        agent: false,
         timeout: options.timeoutMs ?? 30_000,
       },
       (res) => {
