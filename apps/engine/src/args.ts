@@ -14,6 +14,8 @@ export interface ServeSettings {
   bodyTimeoutMs: number;
   /** Show load progress: `auto` (bar on a TTY, lines otherwise), `bar`, `lines`, `off`. */
   progress: 'auto' | 'bar' | 'lines' | 'off';
+  /** GGUF files whose tensors the merged port serves to ggml-RPC heads from disk (COMBINE). */
+  rpcWeights: string[];
 }
 
 export interface ServeArgs {
@@ -190,6 +192,12 @@ export const FLAGS: FlagSpec[] = [
     values: ['auto', 'bar', 'lines', 'off'],
     help: 'load progress: auto|bar|lines|off',
   },
+  {
+    names: ['--rpc-weights'],
+    key: '@rpcWeights',
+    kind: 'repeat',
+    help: 'GGUF a head may load through --rpc-port: its tensors are read here, not sent (repeatable)',
+  },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
 ];
@@ -341,6 +349,8 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   max_body_bytes: 'maxBodyBytes',
   body_timeout_ms: 'bodyTimeoutMs',
   progress: 'progress',
+  '@rpcWeights': 'rpcWeights',
+  rpc_weights: 'rpcWeights',
 };
 
 /**
@@ -355,6 +365,7 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     maxBodyBytes: 8 << 20,
     bodyTimeoutMs: 10_000,
     progress: 'auto',
+    rpcWeights: [],
   };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};
@@ -370,6 +381,16 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
         });
       }
       settings.progress = value as ServeSettings['progress'];
+      return;
+    }
+    if (name === 'rpcWeights') {
+      const files = Array.isArray(value) ? value : [value];
+      if (!files.every((f) => typeof f === 'string' && f.length > 0)) {
+        throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: rpc_weights must be file paths`, {
+          keys: [key],
+        });
+      }
+      settings.rpcWeights.push(...(files as string[]));
       return;
     }
     const min = name === 'maxQueue' ? 0 : 1;

@@ -3,6 +3,7 @@ import { HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
 import { detachFd, initBackend, peekFirstByte, rpcWorkerPath, shutdownFd } from '@hydra-engine/native-ggml';
 import { DRAIN_TIMEOUT_ENV, parseDrainTimeout } from '@hydra-engine/tiering';
 import type { ServeArgs } from './args.js';
+import { startWeightsIndexer } from './combine/weights.js';
 import { Controller } from './control/controller.js';
 import { controlRoutes, registerControl } from './control/wire.js';
 import { Engine } from './engine.js';
@@ -21,6 +22,8 @@ export interface RunningEngine {
   port: HydraPort | undefined;
   httpPort: number;
   rpcPort: number | undefined;
+  /** Settles when the `--rpc-weights` files are indexed (a file that cannot be is logged); never rejects. */
+  weightsIndexed: Promise<unknown>;
   /** Settles when the start-up model load (if any) ends; never rejects. */
   loaded: Promise<void>;
   close(): Promise<void>;
@@ -102,6 +105,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   const address = await http.listen(t4.port as number, host);
   info(`hydra-engine: HTTP on http://${host}:${address.port} (state ${engine.state})`);
   let rpcPort: number | undefined;
+  let weights: ReturnType<typeof startWeightsIndexer> | undefined;
   const wantedRpc = t4.rpc_port as number;
   if (wantedRpc > 0) {
     initBackend();
@@ -137,6 +141,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       );
     }
     info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
+    weights = startWeightsIndexer({ engine, files: args.settings.rpcWeights, log: info });
   }
   let loaded: Promise<void> = Promise.resolve();
   if (args.layers.get('model')) {
@@ -165,7 +170,9 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     httpPort: address.port,
     rpcPort,
     loaded,
+    weightsIndexed: weights?.ready ?? Promise.resolve([]),
     async close() {
+      weights?.stop();
       controller.close();
       await http.close();
       await engine.close();

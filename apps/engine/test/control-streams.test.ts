@@ -86,7 +86,7 @@ describe('CONFIGURE while streams run', () => {
     expect(q.status).toBe(200);
     expect(q.json.usage.completion_tokens).toBe(5);
     expect(Number(q.epoch)).toBe(epoch0 + 1);
-    const st = await c.status();
+    const st = (await c.status()) as unknown as { deferred_keys: string[]; slots: { n_ctx_seq: number } };
     expect(st.deferred_keys).toEqual([]);
     expect(st.slots.n_ctx_seq).toBe(1024);
   });
