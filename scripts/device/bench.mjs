@@ -78,41 +78,48 @@ async function ensureModel(arch, shape) {
   return out;
 }
 
-async function nativeDecode(modelPath) {
+// Decode loops through the binding: `mode` 'backend' samples on the device (the default),
+// 'cpu' copies the logits and samples on the host, 'none' samples nothing (the call path alone,
+// as llama-bench's tg does).
+async function nativeDecode(modelPath, modes) {
   const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
-  const ctx = await model.createContext({ nCtx: 4096, nBatch: 2048, nUbatch: 512, flashAttn: 'auto' });
-  const pp = [];
-  const tg = [];
-  for (let rep = 0; rep < 4; rep++) {
-    ctx.clear();
-    const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
-    let t0 = performance.now();
-    await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, logits: false }]);
-    const ppTs = 512 / ((performance.now() - t0) / 1000);
-    ctx.clear();
-    const sampler = model.createSampler({ temp: 0 });
-    let token = model.info.bos;
-    t0 = performance.now();
-    for (let i = 0; i < 128; i++) {
-      const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
-      token = r.tokens[0];
+  const out = {};
+  for (const mode of modes) {
+    const ctx = await model.createContext({ nCtx: 4096, nBatch: 2048, nUbatch: 512, flashAttn: 'auto', backendSampling: mode !== 'cpu' });
+    const pp = [];
+    const tg = [];
+    for (let rep = 0; rep < 5; rep++) {
+      ctx.clear();
+      const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
+      let t0 = performance.now();
+      await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, logits: false }]);
+      const ppTs = 512 / ((performance.now() - t0) / 1000);
+      ctx.clear();
+      const sampler = mode === 'none' ? undefined : model.createSampler({ temp: 0 });
+      let token = model.info.bos;
+      t0 = performance.now();
+      for (let i = 0; i < 128; i++) {
+        const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
+        token = sampler ? r.tokens[0] : 3 + ((i * 7919) % (model.info.nVocab - 3));
+      }
+      const tgTs = 128 / ((performance.now() - t0) / 1000);
+      sampler?.dispose();
+      if (rep > 0) {
+        pp.push(ppTs);
+        tg.push(tgTs);
+      }
     }
-    const tgTs = 128 / ((performance.now() - t0) / 1000);
-    sampler.dispose();
-    if (rep > 0) {
-      pp.push(ppTs);
-      tg.push(tgTs);
-    }
+    await ctx.dispose();
+    out[mode] = { pp, tg };
   }
-  await ctx.dispose();
   model.dispose();
-  return { pp, tg };
+  return out;
 }
 
 async function startEngine(modelPath, extra = []) {
   const port = await freePort();
   const rpcPort = await freePort();
-  const child = spawn(process.execPath, [join(jsDir, 'engine.cjs'), '-m', modelPath, '-ngl', '99', '-c', '4096', '-np', '1', '--port', String(port), '--rpc-port', String(rpcPort), ...extra], {
+  const child = spawn(process.execPath, [join(jsDir, 'cli.cjs'), '-m', modelPath, '-ngl', '99', '-c', '4096', '-np', '1', '--port', String(port), '--rpc-port', String(rpcPort), ...extra], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env },
   });
@@ -233,9 +240,11 @@ for (const shape of shapes) {
   }
   if (only.has('native')) {
     log(`native decode loop ${shape}`);
-    const n = await nativeDecode(model);
-    figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.pp, { name: 'llama-bench pp512', unit: 'tokens/s', median: anchor.pp.median });
-    figure(`${shape} q4_0 decode, native loop (one ctx.decode per token)`, 'tokens/s', n.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
+    const n = await nativeDecode(model, ['backend', 'cpu', 'none']);
+    figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, { name: 'llama-bench pp512', unit: 'tokens/s', median: anchor.pp.median });
+    figure(`${shape} q4_0 decode, native loop, greedy sampled on the device`, 'tokens/s', n.backend.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
+    figure(`${shape} q4_0 decode, native loop, greedy sampled on the CPU`, 'tokens/s', n.cpu.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
+    figure(`${shape} q4_0 decode, native loop, no sampling (call path only)`, 'tokens/s', n.none.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
     save();
   }
   if (only.has('http') || only.has('hello') || only.has('rpc')) {
@@ -268,7 +277,7 @@ for (const shape of shapes) {
     // A model-less engine lends its GPU; llama-bench (upstream client) places layers on it.
     const peerPort = await freePort();
     const rpcPort = await freePort();
-    const peer = spawn(process.execPath, [join(jsDir, 'engine.cjs'), '--port', String(peerPort), '--rpc-port', String(rpcPort)], {
+    const peer = spawn(process.execPath, [join(jsDir, 'cli.cjs'), '--port', String(peerPort), '--rpc-port', String(rpcPort)], {
       stdio: 'ignore',
       env: { ...process.env },
     });

@@ -28,7 +28,7 @@ const renamePiscinaWorker = {
     }));
   },
 };
-await build({ ...common, entryPoints: [join(root, 'apps/engine/dist/cli.js')], outfile: join(out, 'engine.cjs'), plugins: [renamePiscinaWorker] });
+await build({ ...common, entryPoints: [join(root, 'apps/engine/dist/cli.js')], outfile: join(out, 'cli.cjs'), plugins: [renamePiscinaWorker] });
 const piscina = realpathSync(join(root, 'packages/hydra-rpc/node_modules/piscina'));
 await build({ ...common, entryPoints: [join(piscina, 'dist/worker.js')], outfile: join(out, 'piscina-worker.cjs') });
 // native-ggml's rpcWorkerPath is ./rpc-worker.js beside the bundle that imports it.

@@ -85,6 +85,11 @@ static void context_destroy(hydra_context * c) {
     if (c->ctx) {
         llama_batch_free(c->batch);
         llama_free(c->ctx);
+        for (auto & [seq, owned] : c->attached) {
+            if (owned.clone) {
+                llama_sampler_free(owned.clone);
+            }
+        }
         c->owner->n_contexts--;
     }
     delete c;
@@ -616,8 +621,8 @@ static enum ggml_type kv_type_from_name(Napi::Env env, const std::string & name)
 
 class context_create_worker : public Napi::AsyncWorker {
 public:
-    context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp) {
+    context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp, bool backend_sampling)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling) {
         model_ref = Napi::Persistent(model_handle);
     }
     Napi::Promise promise() { return deferred.Promise(); }
@@ -635,6 +640,7 @@ public:
         c->ctx = ctx;
         c->owner = m;
         c->n_batch = (int32_t) llama_n_batch(ctx);
+        c->backend_sampling = backend_sampling;
         c->batch = llama_batch_init(c->n_batch, 0, 1);
         m->n_contexts++;
         deferred.Resolve(handle_make<hydra_context>(Env(), c, context_destroy));
@@ -648,6 +654,7 @@ private:
     hydra_model * m;
     Napi::Reference<Napi::Value> model_ref;  // keeps the model alive while the context is built
     llama_context_params cp;
+    bool backend_sampling;
     llama_context * ctx = nullptr;
 };
 
@@ -686,7 +693,7 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
     if (cp.n_batch == 0 || cp.n_ubatch == 0 || cp.n_seq_max == 0 || cp.n_seq_max > llama_max_parallel_sequences()) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "nBatch, nUbatch must be positive and nSeqMax within 1..llama_max_parallel_sequences()");
     }
-    auto * w = new context_create_worker(env, m, info[0], cp);
+    auto * w = new context_create_worker(env, m, info[0], cp, arg_bool(p, "backendSampling", true));
     Napi::Promise promise = w->promise();
     w->Queue();
     return promise;
@@ -751,14 +758,22 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
-        llama_sampler_chain_add(chain, llama_sampler_init_typical(typ_p, 1));
+        if (typ_p < 1.0f) {
+            llama_sampler_chain_add(chain, llama_sampler_init_typical(typ_p, 1));  // no backend version
+        }
         llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
         llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
         llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
         llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
     }
+    static std::atomic<uint64_t> next_id{1};
     auto * s = new hydra_sampler();
     s->chain = chain;
+    s->id = next_id++;
+    char sig[512];
+    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
+             penalty_freq, penalty_present, penalty_last_n, seed);
+    s->signature = std::string(sig) + grammar;
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }
 
@@ -787,6 +802,8 @@ struct decode_entry {
     llama_pos pos;
     std::vector<llama_token> tokens;
     llama_sampler * sampler;  // may be null: no sampling
+    uint64_t sampler_id = 0;
+    std::string signature;
     bool want_logits;
     llama_token sampled = -1;
     std::vector<float> logits;
@@ -802,7 +819,49 @@ public:
         c->runner->run([this] { step(); });
     }
 
+    // Attaches each entry's chain (as a context-owned clone) for on-device sampling, so a step
+    // returns token ids instead of copying and scanning a full vocabulary of logits on the CPU.
+    // Entries that want logits sample on the CPU instead.
+    void attach_samplers() {
+        for (decode_entry & e : entries) {
+            hydra_attached & a = c->attached[e.seq];
+            if (e.sampler == nullptr && !e.want_logits) {
+                continue;  // nothing is read back: whatever is attached may stay
+            }
+            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits;
+            if (!want_backend) {
+                if (a.clone != nullptr) {
+                    llama_set_sampler(c->ctx, e.seq, nullptr);
+                    llama_sampler_free(a.clone);
+                }
+                a = hydra_attached{};
+                continue;
+            }
+            if (a.id == e.sampler_id) {
+                continue;
+            }
+            const std::string & signature = e.signature;
+            if (a.clone != nullptr && a.signature == signature) {
+                // Same chain for a new request: reset its state instead of re-attaching, which
+                // would make llama.cpp reserve its graphs again.
+                llama_sampler_reset(a.clone);
+                a.id = e.sampler_id;
+                continue;
+            }
+            llama_sampler * clone = llama_sampler_clone(e.sampler);
+            if (!llama_set_sampler(c->ctx, e.seq, clone)) {
+                llama_sampler_free(clone);  // not offloadable (e.g. typical, grammar): CPU path
+                clone = nullptr;
+            }
+            if (a.clone != nullptr) {
+                llama_sampler_free(a.clone);
+            }
+            a = hydra_attached{e.sampler_id, signature, clone};
+        }
+    }
+
     void step() {
+        attach_samplers();
         llama_batch & batch = c->batch;
         const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c->owner->model));
         size_t entry = 0, offset = 0;
@@ -847,10 +906,20 @@ public:
                     e.logits.assign(row, row + n_vocab);
                 }
                 if (e.sampler != nullptr) {
-                    e.sampled = llama_sampler_sample(e.sampler, c->ctx, i);
+                    llama_sampler * on_device = c->attached[e.seq].clone;
+                    llama_token token = on_device ? llama_get_sampled_token_ith(c->ctx, i) : LLAMA_TOKEN_NULL;
+                    if (token != LLAMA_TOKEN_NULL) {
+                        llama_sampler_accept(on_device, token);
+                        e.sampled = token;
+                    } else {
+                        e.sampled = llama_sampler_sample(e.sampler, c->ctx, i);
+                    }
                 }
             }
         }
+        // llama_decode returns before the device finishes when nothing is read back; a step is
+        // only done when its work is.
+        llama_synchronize(c->ctx);
     }
     void OnOK() override {
         c->busy = false;
@@ -919,7 +988,10 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
         Napi::Value sv = o.Get("sampler");
         e.sampler = nullptr;
         if (!sv.IsUndefined() && !sv.IsNull()) {
-            e.sampler = hydra_handle_get<hydra_sampler>(sv, "sampler")->chain;
+            hydra_sampler * hs = hydra_handle_get<hydra_sampler>(sv, "sampler");
+            e.sampler = hs->chain;
+            e.sampler_id = hs->id;
+            e.signature = hs->signature;
             refs.push_back(Napi::Persistent(sv));
         }
         e.want_logits = arg_bool(o, "logits", false);

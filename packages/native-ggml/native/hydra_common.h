@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -86,6 +87,19 @@ private:
     std::thread thread;
 };
 
+struct hydra_sampler {
+    llama_sampler * chain = nullptr;
+    uint64_t id = 0;
+    std::string signature;  // every parameter, seed included: equal signatures build equal chains
+};
+
+// A sampler chain attached to a context for on-device sampling (a clone the context owns).
+struct hydra_attached {
+    uint64_t id = 0;
+    std::string signature;
+    llama_sampler * clone = nullptr;
+};
+
 // A context and the scratch state one decode step needs. One async operation at a time (the JS
 // wrapper queues); `busy` turns a violation into a clear error instead of a data race.
 struct hydra_context {
@@ -95,11 +109,13 @@ struct hydra_context {
     int32_t           n_batch = 0;
     std::atomic<bool> busy{false};
     std::unique_ptr<hydra_runner> runner = std::make_unique<hydra_runner>();
+    // Backend (on-device) sampling: the context owns a clone of each sequence's chain, because
+    // llama.cpp keeps using attached samplers in later graph reservations, long after the JS sampler
+    // of a finished request may be gone. Keyed by the sampler's id, never its (reusable) address.
+    bool backend_sampling = true;
+    std::map<llama_seq_id, hydra_attached> attached;
 };
 
-struct hydra_sampler {
-    llama_sampler * chain = nullptr;
-};
 
 template <typename T>
 T * hydra_handle_get(const Napi::Value & value, const char * what) {

@@ -150,6 +150,15 @@ static Napi::Value peek_first_byte(const Napi::CallbackInfo & info) {
     if (fd < 0) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "fd must be a non-negative integer");
     }
+    // The first bytes usually arrived with the connection (ggml-RPC clients send HELLO at once):
+    // answer without the poller thread and its hop back to the JS thread.
+    uint8_t byte = 0;
+    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got == 1 || got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        Napi::Promise::Deferred now = Napi::Promise::Deferred::New(env);
+        now.Resolve(Napi::Number::New(env, got == 1 ? (int) byte : -1));
+        return now.Promise();
+    }
     auto * deferred = new Napi::Promise::Deferred(env);
     Napi::Promise promise = deferred->Promise();
     peek_request req;

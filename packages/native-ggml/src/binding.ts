@@ -80,6 +80,8 @@ export interface NativeContextParams {
   swaFull?: boolean;
   kvUnified?: boolean;
   noPerf?: boolean;
+  /** Sample on the device where the chain allows (default true): a step returns token ids only. */
+  backendSampling?: boolean;
 }
 
 export interface NativeSamplerParams {
