@@ -374,7 +374,7 @@ describe('ggml-RPC hostile input through the merged port', () => {
     });
   }
 
-  it('a 256 MiB size claim costs memory only while the connection lasts', async () => {
+  it('FINDING (memory amplification, pinned): a 256 MiB size claim is zero-filled before a byte arrives, freed at close', async () => {
     const eng = await engine();
     const before = rssBytes(eng.pid);
     const ctx = await open(eng);
