@@ -3,7 +3,7 @@
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
-const roots = ['packages', 'apps'];
+const roots = ['packages', 'apps', 'tests'];
 const reports = [];
 for (const root of roots) {
   for (const name of readdirSync(root)) reports.push(join(root, name, 'test-results.json'));
