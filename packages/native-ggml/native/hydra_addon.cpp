@@ -165,6 +165,7 @@ static Napi::Value backend_init(const Napi::CallbackInfo & info) {
         llama_log_set(hydra_log_callback, nullptr);
         llama_backend_init();
         ggml_backend_load_all();
+        hydra_abort_callback_install();
     });
     if (info.Length() > 0 && info[0].IsNumber()) {
         g_log_level = info[0].As<Napi::Number>().Int32Value();

@@ -244,9 +244,17 @@ static std::mutex            g_park_mutex;
 static std::string           g_park_last;
 static ggml_abort_callback_t g_park_previous = nullptr;
 
+static std::atomic<bool> g_park_enabled{false};
+
 static void park_or_abort(const char * message) {
+    // A thread serving a peer's ggml-RPC session: upstream asserts on hostile input (out-of-bounds
+    // tensors, absurd shapes). Unwind that session alone; serve_rpc_fd catches, the peer's
+    // connection closes, the engine lives on. ggml.c's frames carry x86-64 unwind tables.
+    if (t_rpc_serving) {
+        throw hydra_rpc_abort(message != nullptr ? message : "ggml abort");
+    }
     // The message opens with __FILE__ of the aborting source: only ggml-RPC's are parked.
-    if (message != nullptr && strstr(message, "ggml-rpc") != nullptr) {
+    if (g_park_enabled.load() && message != nullptr && strstr(message, "ggml-rpc") != nullptr) {
         {
             std::lock_guard<std::mutex> lock(g_park_mutex);
             g_park_last = message;
@@ -268,9 +276,14 @@ static void park_or_abort(const char * message) {
 }
 
 // rpcAbortParkInstall() -> true once installed (idempotent).
-static Napi::Value abort_park_install(const Napi::CallbackInfo & info) {
+void hydra_abort_callback_install() {
     static std::once_flag once;
     std::call_once(once, [] { g_park_previous = ggml_set_abort_callback(park_or_abort); });
+}
+
+static Napi::Value abort_park_install(const Napi::CallbackInfo & info) {
+    hydra_abort_callback_install();
+    g_park_enabled = true;
     return Napi::Boolean::New(info.Env(), true);
 }
 

@@ -4,6 +4,7 @@
 #include <napi.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <condition_variable>
 #include <functional>
 #include <thread>
@@ -133,6 +134,14 @@ T * hydra_handle_get(const Napi::Value & value, const char * what) {
 #include "ggml-backend.h"
 
 Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev);
+
+// Set while a thread serves a ggml-RPC session: ggml aborts on that thread become hydra_rpc_abort
+// exceptions that end the session instead of the process (hydra_combine.cpp).
+extern thread_local bool t_rpc_serving;
+struct hydra_rpc_abort : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+void hydra_abort_callback_install();
 
 // Registration functions of each source file.
 void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports);

@@ -263,6 +263,7 @@ struct serve_backends {
     }
 };
 static thread_local serve_backends t_serve_backends;
+thread_local bool t_rpc_serving = false;
 
 // serveRpcFd(fd, {devices?, threads?, cacheDir?}, stats?: BigUint64Array(3)) -> session summary.
 // Blocks until the client leaves: call it from a worker thread only. Takes ownership of fd.
@@ -304,9 +305,22 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     int watch_fd = dup(fd);
     auto started = std::chrono::steady_clock::now();
     bool prepared = t_serve_backends.prepare(devices, threads) && !t_serve_backends.backends.empty();
-    bool ok = prepared &&
-              ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), t_serve_backends.backends.size(),
-                                        t_serve_backends.backends.data(), stats, hydra_weights_resolve, nullptr);
+    bool ok = false;
+    std::string session_error;
+    if (prepared) {
+        t_rpc_serving = true;
+        try {
+            ok = ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), t_serve_backends.backends.size(),
+                                           t_serve_backends.backends.data(), stats, hydra_weights_resolve, nullptr);
+        } catch (const std::exception & e) {
+            // An upstream assert or an uncaught std exception (e.g. length_error for an absurd
+            // size) on hostile input: the session unwound and its socket closed.
+            ok = true;
+            session_error = e.what();
+            fprintf(stderr, "hydra: ended a ggml-RPC session on bad input: %s\n", e.what());
+        }
+        t_rpc_serving = false;
+    }
     if (!prepared) {
         close(fd);  // serve_fd owns the fd only once it is called
     }
@@ -327,6 +341,9 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     out.Set("bytesIn", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_received : -1));
     out.Set("bytesOut", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_acked : -1));
     out.Set("durationMs", Napi::Number::New(env, ms));
+    if (!session_error.empty()) {
+        out.Set("error", session_error);
+    }
     Napi::Array served = Napi::Array::New(env);
     for (size_t i = 0; i < devices.size(); i++) {
         served.Set((uint32_t) i, ggml_backend_dev_name(devices[i]));
