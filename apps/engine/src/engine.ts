@@ -1,11 +1,9 @@
 import { TextDecoder } from 'node:util';
 import {
-  addRpcServer,
   type Context,
   type ContextParams,
   type DecodeEntry,
   type Device,
-  listDevices,
   Model,
   type ModelLoadParams,
   type Sampler,
@@ -13,6 +11,8 @@ import {
 } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
+import { loadDevices, markPeerLost, registerPeer, safeDevices } from './combine/devices.js';
+import { expertOverrides, isMoe } from './combine/moe.js';
 import { HydraError } from './errors.js';
 import { computePlacement, type Placement } from './placement.js';
 
@@ -106,6 +106,26 @@ interface Job {
 
 const RATE_WINDOW_MS = 10_000;
 
+/** A model and context pair that may serve decode steps. */
+interface Serving {
+  model: Model;
+  ctx: Context;
+}
+
+/**
+ * Models and contexts that used a lost ggml-RPC peer. Freeing them would talk to the dead peer
+ * (its client dispatcher is parked: the free would wait forever), so they are kept referenced for
+ * the life of the process on purpose: a deliberate, bounded leak per peer loss.
+ */
+const ABANDONED: unknown[] = [];
+
+/** Why and since when the engine serves less than it was configured for (a lost peer). */
+export interface Degraded {
+  reason: string;
+  since: string;
+  peers: string[];
+}
+
 function withoutDefaults<T extends object>(obj: T): Partial<T> {
   const out: Partial<T> = {};
   for (const [k, v] of Object.entries(obj)) if (v !== undefined) (out as Record<string, unknown>)[k] = v;
@@ -143,6 +163,20 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
     useMlock: cfg.use_mlock as boolean,
     checkTensors: cfg.check_tensors as boolean,
   }) as ModelLoadParams;
+}
+
+/**
+ * `params` with explicit devices once any ggml-RPC peer was registered in this process: the local
+ * devices plus those of `peers` (see combine/devices.ts), overrides onto other peers dropped.
+ */
+function withDevices(params: ModelLoadParams, peers: readonly string[]): ModelLoadParams {
+  const sel = loadDevices(peers, { devices: params.devices, overrides: params.overrides });
+  if (!sel) return params;
+  const out: ModelLoadParams = { ...params, devices: sel.devices };
+  if (sel.overrides && sel.overrides.length > 0) out.overrides = sel.overrides;
+  else delete out.overrides;
+  if (sel.dropped) delete out.tensorSplit;
+  return out;
 }
 
 /** Context parameters (T2 fields) from the configuration in force. */
@@ -216,6 +250,14 @@ export class Engine {
   #held = 0;
   #closing = false;
   #mode: ExpertMode | undefined;
+  /** MoE + COMBINE: the other expert placement, resident and ready (see {@link setExpertMode}). */
+  #standby: (Serving & { mode: ExpertMode }) | undefined;
+  /** Bumped when a lost peer's model is abandoned: a decode loop of an older generation stops. */
+  #gen = 0;
+  #decodeSince: number | undefined;
+  #degraded: Degraded | undefined;
+  #failingOver = false;
+  readonly #peerLostListeners: (() => void)[] = [];
   readonly #tasks: (() => Promise<void>)[] = [];
   readonly #slotListeners: ((busy: number) => void)[] = [];
   readonly #rate: { at: number; tokens: number }[] = [];
@@ -278,12 +320,25 @@ export class Engine {
     const span = Math.max(now - this.#rate[0]!.at, 1);
     return (tokens * 1000) / span;
   }
+  /** This process's devices; never dials a lost peer (see combine/devices.ts). */
   devices(): Device[] {
     try {
-      return listDevices();
+      return safeDevices();
     } catch {
       return [];
     }
+  }
+  /** Set after a peer loss until the next model load the operator asks for. */
+  get degraded(): Degraded | undefined {
+    return this.#degraded;
+  }
+  /** How long the decode step in flight has run (ms), or undefined between steps. */
+  decodeStalledMs(now = performance.now()): number | undefined {
+    return this.#decodeSince === undefined ? undefined : now - this.#decodeSince;
+  }
+  /** True when MoE + COMBINE keeps both expert placements loaded. */
+  get dualPlacement(): boolean {
+    return this.#standby !== undefined;
   }
 
   /**
@@ -302,14 +357,34 @@ export class Engine {
     const started = performance.now();
     try {
       const path = this.#registry ? this.#registry.resolve(name).path : name;
-      for (const peer of (cfg.rpc_servers as string[]) ?? []) await addRpcServer(peer);
-      const params = modelParamsFrom(cfg, path);
+      const peers = (cfg.rpc_servers as string[]) ?? [];
+      const peerBufts: string[] = [];
+      for (const peer of peers) peerBufts.push(...(await registerPeer(peer)).bufferTypes);
+      const configured = modelParamsFrom(cfg, path);
+      // MoE + COMBINE: the experts go to the first peer unless the overrides already place them.
+      const dual = peers.length > 0 && (await isMoe(path));
+      if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!);
+      const params = withDevices(configured, peers);
       const loadOpts: { onProgress?: (p: number) => void; signal?: AbortSignal } = {};
       if (options.onProgress) loadOpts.onProgress = options.onProgress;
       if (options.signal) loadOpts.signal = options.signal;
       this.#model = await Model.load(params, loadOpts);
       this.#modelPath = path;
       await this.#createContext(cfg);
+      this.#mode = undefined;
+      if (dual) {
+        // The SOLO placement stays resident beside the COMBINED one, with its own context, so
+        // SET_EXPERT_MODE only switches which pair serves the next step. With mmap on the CPU both
+        // models share the file's pages; on GPUs the non-expert weights are held twice.
+        const model = await Model.load(withDevices(configured, []), loadOpts);
+        try {
+          const ctx = await model.createContext(contextParamsFrom(cfg));
+          this.#standby = { model, ctx, mode: 'solo' };
+        } catch (err) {
+          model.dispose();
+          throw err;
+        }
+      }
       this.counters.loadSeconds = (performance.now() - started) / 1000;
       this.#placement = await computePlacement(path, cfg, this.devices()).catch((err: Error) => {
         this.#log.warn(`hydra-engine: layer placement unavailable: ${err.message}`);
@@ -317,6 +392,7 @@ export class Engine {
       });
       this.#state = 'ready';
       this.#lastError = undefined;
+      if (!this.#failingOver) this.#degraded = undefined;
       this.#epoch += 1;
       void this.#run();
     } catch (err) {
@@ -354,6 +430,9 @@ export class Engine {
     this.#ctx = undefined;
     this.#model?.dispose();
     this.#model = undefined;
+    await this.#standby?.ctx.dispose();
+    this.#standby?.model.dispose();
+    this.#standby = undefined;
     this.#modelPath = undefined;
     this.#placement = undefined;
     this.#slots = [];
@@ -384,6 +463,12 @@ export class Engine {
         await this.#ctx?.dispose();
         this.#ctx = undefined;
         await this.#createContext(this.layers.effective());
+        if (this.#standby) {
+          await this.#standby.ctx.dispose();
+          this.#standby.ctx = await this.#standby.model.createContext(
+            contextParamsFrom(this.layers.effective()),
+          );
+        }
       } catch (err) {
         this.#state = 'error';
         this.#lastError = (err as Error).message;
@@ -436,13 +521,85 @@ export class Engine {
   }
 
   /**
-   * Hook for the MoE expert placement switch (SET_EXPERT_MODE). For now it records the mode; the
-   * COMBINE work moves the experts here. Callers validate (MoE model, peer configured) first.
-   * @returns whether weights were reloaded (never, by protocol).
+   * The MoE expert placement switch (SET_EXPERT_MODE). With both placements resident (a MoE model
+   * loaded with peers) the other model and context serve from the next decode step on: between
+   * two steps, the KV of every busy or cached slot is copied into the other context
+   * (getSequenceState/setSequenceState, no re-prefill), then the pairs swap. Without a standby
+   * placement it only records the mode. Callers validate (MoE model, peer configured) first.
+   * @returns whether weights were reloaded (never, by protocol) and how many slots moved.
    */
-  async setExpertMode(mode: ExpertMode): Promise<{ reloaded: false }> {
-    this.#mode = mode;
-    return { reloaded: false };
+  async setExpertMode(mode: ExpertMode): Promise<{ reloaded: false; moved: number }> {
+    if (!this.#standby) {
+      this.#mode = mode;
+      return { reloaded: false, moved: 0 };
+    }
+    return this.#exclusive(async () => {
+      const sb = this.#standby;
+      if (!sb || !this.#ctx || !this.#model || sb.mode !== mode)
+        return { reloaded: false as const, moved: 0 };
+      let moved = 0;
+      for (let i = 0; i < this.#slots.length; i++) {
+        if (!this.#slots[i] && (this.#cache[i]?.length ?? 0) === 0) continue;
+        const bytes = await this.#ctx.getSequenceState(i);
+        sb.ctx.removeSequence(i);
+        await sb.ctx.setSequenceState(i, bytes);
+        this.#ctx.removeSequence(i);
+        moved++;
+      }
+      const current = { model: this.#model, ctx: this.#ctx, mode: this.mode };
+      this.#model = sb.model;
+      this.#ctx = sb.ctx;
+      this.#standby = current;
+      this.#mode = mode;
+      return { reloaded: false as const, moved };
+    });
+  }
+
+  /** Called after a lost peer was dropped from the configuration (the control plane resyncs). */
+  onPeerLost(listener: () => void): void {
+    this.#peerLostListeners.push(listener);
+  }
+
+  /**
+   * Peer loss: ends the running requests with `HYDRA_ERR_PEER_LOST`, abandons (never frees) the
+   * models and contexts that used the peers, drops `rpc_servers` from the configuration and loads
+   * the same model SOLO; queued requests run on it. `degraded` says why until the next load the
+   * operator asks for. A decode step stuck on the peer is left parked in its native thread.
+   */
+  async failOver(reason: string, peers: string[]): Promise<void> {
+    if (this.#failingOver) return;
+    this.#failingOver = true;
+    try {
+      this.#degraded = { reason, since: new Date().toISOString(), peers };
+      for (const p of peers) markPeerLost(p);
+      this.#gen += 1;
+      this.#running = false;
+      this.#decodeSince = undefined;
+      const err = new HydraError('HYDRA_ERR_PEER_LOST', `the request ended: ${reason}`, {
+        details: { peers },
+      });
+      for (const job of this.#slots) {
+        if (!job) continue;
+        // Its sampler may be in use by the parked decode: not freed either.
+        this.counters.requests.error += 1;
+        job.reject(err);
+      }
+      ABANDONED.push(this.#model, this.#ctx, this.#standby);
+      this.#model = undefined;
+      this.#ctx = undefined;
+      this.#standby = undefined;
+      this.#slots = [];
+      this.#cache = [];
+      this.#slotsChanged();
+      for (const w of this.#idleWaiters.splice(0)) w();
+      this.layers.configure({ rpc_servers: [] });
+      for (const l of this.#peerLostListeners) l();
+      this.#log.warn(`hydra-engine: HYDRA_ERR_PEER_LOST: ${reason}; reloading SOLO`);
+      if (this.#state === 'loading') return;
+      await this.load();
+    } finally {
+      this.#failingOver = false;
+    }
   }
 
   #idleSlot(slot: number): Context {
@@ -663,9 +820,13 @@ export class Engine {
   async #run(): Promise<void> {
     if (this.#running) return;
     this.#running = true;
+    const gen = this.#gen;
     try {
       for (;;) {
-        while (this.#tasks.length > 0) await this.#tasks.shift()!();
+        while (this.#tasks.length > 0) {
+          await this.#tasks.shift()!();
+          if (gen !== this.#gen) return;
+        }
         if (!this.#ctx) break;
         this.#admit();
         const batch: Job[] = [];
@@ -698,9 +859,12 @@ export class Engine {
         }
         const t0 = performance.now();
         let out: { tokens: Int32Array };
+        this.#decodeSince = t0;
         try {
           out = await this.#ctx.decode(entries);
         } catch (err) {
+          if (gen !== this.#gen) return;
+          this.#decodeSince = undefined;
           const failure = new HydraError(
             'HYDRA_ERR_DECODE_FAILED',
             `decode failed: ${(err as Error).message}`,
@@ -709,6 +873,8 @@ export class Engine {
           for (const job of batch) this.#release(job, failure);
           continue;
         }
+        if (gen !== this.#gen) return;
+        this.#decodeSince = undefined;
         const t1 = performance.now();
         this.counters.decodeSteps += 1;
         this.counters.decodeSeconds += (t1 - t0) / 1000;
@@ -720,8 +886,10 @@ export class Engine {
         }
       }
     } finally {
-      this.#running = false;
-      if (this.#slots.every((s) => !s)) for (const w of this.#idleWaiters.splice(0)) w();
+      if (gen === this.#gen) {
+        this.#running = false;
+        if (this.#slots.every((s) => !s)) for (const w of this.#idleWaiters.splice(0)) w();
+      }
     }
   }
 
@@ -853,6 +1021,9 @@ export class Engine {
     this.#ctx = undefined;
     this.#model?.dispose();
     this.#model = undefined;
+    await this.#standby?.ctx.dispose();
+    this.#standby?.model.dispose();
+    this.#standby = undefined;
     this.#slots = [];
   }
 }

@@ -22,6 +22,8 @@ export const ERROR_CODES = [
   'HYDRA_ERR_CANCELLED',
   'HYDRA_ERR_DECODE_FAILED',
   'HYDRA_ERR_PEER_UNREACHABLE',
+  // COMBINE (src/combine).
+  'HYDRA_ERR_PEER_LOST',
   // Control plane (src/control).
   'HYDRA_ERR_UNKNOWN_KEY',
   'HYDRA_ERR_T4_FIELD',

@@ -22,6 +22,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_LOADING: 503,
   HYDRA_ERR_DRAINING: 503,
   HYDRA_ERR_DRAIN_TIMEOUT: 503,
+  HYDRA_ERR_PEER_LOST: 502,
   HYDRA_ERR_BAD_JSON: 400,
   HYDRA_ERR_BAD_REQUEST: 400,
   HYDRA_ERR_BAD_VALUE: 400,
@@ -263,9 +264,11 @@ export class HttpApi {
     const { engine } = this.#opts;
     if (path === '/health' && req.method === 'GET') {
       const state = engine.state;
+      const degraded = engine.degraded;
       const body = {
-        status: state === 'ready' ? 'ok' : state,
+        status: state === 'ready' ? (degraded ? 'degraded' : 'ok') : state,
         state,
+        ...(degraded ? { degraded } : {}),
         epoch: engine.epoch,
         slots: engine.slots,
         queue: engine.queueDepth,

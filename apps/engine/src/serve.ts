@@ -1,8 +1,16 @@
 import { basename } from 'node:path';
 import { HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
-import { detachFd, initBackend, peekFirstByte, rpcWorkerPath, shutdownFd } from '@hydra-engine/native-ggml';
+import {
+  detachFd,
+  initBackend,
+  installRpcAbortPark,
+  peekFirstByte,
+  rpcWorkerPath,
+  shutdownFd,
+} from '@hydra-engine/native-ggml';
 import { DRAIN_TIMEOUT_ENV, parseDrainTimeout } from '@hydra-engine/tiering';
 import type { ServeArgs } from './args.js';
+import { PeerWatchdog } from './combine/watchdog.js';
 import { startWeightsIndexer } from './combine/weights.js';
 import { Controller } from './control/controller.js';
 import { controlRoutes, registerControl } from './control/wire.js';
@@ -24,6 +32,8 @@ export interface RunningEngine {
   rpcPort: number | undefined;
   /** Settles when the `--rpc-weights` files are indexed (a file that cannot be is logged); never rejects. */
   weightsIndexed: Promise<unknown>;
+  /** Peer loss detection (see src/combine/watchdog.ts). */
+  watchdog: PeerWatchdog;
   /** Settles when the start-up model load (if any) ends; never rejects. */
   loaded: Promise<void>;
   close(): Promise<void>;
@@ -74,6 +84,13 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       keys: [DRAIN_TIMEOUT_ENV],
       cause: err,
     });
+  }
+  try {
+    // A ggml-RPC peer that dies must cost this engine its COMBINE model, not the process: the
+    // failing client thread parks and the watchdog below fails over to SOLO.
+    installRpcAbortPark();
+  } catch (err) {
+    info(`hydra-engine: ggml-RPC abort hook unavailable: ${(err as Error).message}`);
   }
   const engine = new Engine({
     layers: args.layers,
@@ -143,6 +160,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
     weights = startWeightsIndexer({ engine, files: args.settings.rpcWeights, log: info });
   }
+  const watchdog = new PeerWatchdog({ engine, log: info });
   let loaded: Promise<void> = Promise.resolve();
   if (args.layers.get('model')) {
     const onProgress = progressPrinter(args.settings.progress, log);
@@ -171,7 +189,9 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     rpcPort,
     loaded,
     weightsIndexed: weights?.ready ?? Promise.resolve([]),
+    watchdog,
     async close() {
+      watchdog.stop();
       weights?.stop();
       controller.close();
       await http.close();
@@ -206,5 +226,6 @@ export function statusOf(engine: Engine) {
       .devices()
       .map(({ name, description, free, total }) => ({ name, description, free, total })),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
+    ...(engine.degraded ? { degraded: engine.degraded } : {}),
   };
 }

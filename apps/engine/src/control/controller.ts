@@ -112,6 +112,13 @@ export class Controller {
     this.#drainTimeoutMs = drainTimeoutMs;
     this.#probe = options.probe ?? ((e) => probeRpcServer(e));
     this.#policy = this.#freshPolicy();
+    // A lost peer was dropped from the configuration behind the policy's back: start over from
+    // what is applied now (waiting changes are dropped, as after a failed reload).
+    engine.onPeerLost(() => {
+      this.#snapshots.clear();
+      this.#uploads.clear();
+      this.#policy = this.#freshPolicy();
+    });
     engine.onSlotsChanged((busy) => {
       // A failed deferred rebuild was already rolled back; its error has no caller to reach.
       this.#carry(this.#policy.setBusySlots(busy, performance.now())).catch(() => undefined);

@@ -46,6 +46,7 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
     ...(stats ? { pool: stats.rpc, connections: stats.connections } : {}),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
     ...(engine.lastError ? { last_error: engine.lastError } : {}),
+    ...(engine.degraded ? { degraded: engine.degraded } : {}),
   };
 }
 
@@ -73,6 +74,7 @@ const HTTP_STATUS: Record<string, number> = {
   HYDRA_ERR_REQUEST_TIMEOUT: 408,
   HYDRA_ERR_BODY_TOO_LARGE: 413,
   HYDRA_ERR_PEER_UNREACHABLE: 502,
+  HYDRA_ERR_PEER_LOST: 502,
   HYDRA_ERR_NO_MODEL: 503,
   HYDRA_ERR_LOADING: 503,
   HYDRA_ERR_DRAINING: 503,

@@ -1,0 +1,28 @@
+// MoE + COMBINE: where the experts go.
+import { readGguf } from '@hydra-engine/resolver';
+import { fileSource } from '../placement.js';
+
+/** The llama.cpp `-ot` pattern of every expert FFN tensor (`blk.N.ffn_{up,down,gate}_exps`). */
+export const EXPERT_PATTERN = 'blk\\.\\d+\\.ffn_(up|down|gate)_exps';
+
+/** Whether the GGUF at `path` declares experts (`<arch>.expert_count` > 0), read from its header. */
+export async function isMoe(path: string): Promise<boolean> {
+  const src = await fileSource(path);
+  try {
+    const g = await readGguf(src);
+    const arch = String(g.get('general.architecture'));
+    return Number(g.get(`${arch}.expert_count`) ?? 0) > 0;
+  } finally {
+    await src.close();
+  }
+}
+
+/**
+ * The overrides of the COMBINED placement: the configured ones, plus every expert tensor on
+ * `bufferType` (a peer's, e.g. `RPC0[127.0.0.1:50052]`) unless an override already places experts.
+ */
+export function expertOverrides(overrides: string[] | undefined, bufferType: string): string[] {
+  const list = overrides ?? [];
+  if (list.some((o) => o.includes('_exps'))) return list;
+  return [...list, `${EXPERT_PATTERN}=${bufferType}`];
+}
