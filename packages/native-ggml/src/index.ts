@@ -1,7 +1,9 @@
 import { connect } from 'node:net';
 import { HydraError, isHydraError } from '@hydra-engine/errors';
 import {
+  addonCandidates,
   type ContextHandle,
+  loadBinding,
   type ModelHandle,
   type NativeBinding,
   type NativeContextParams,
@@ -13,8 +15,6 @@ import {
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
   type SamplerHandle,
-  addonCandidates,
-  loadBinding,
 } from './binding.js';
 
 export { ERROR_CODES, type ErrorCode } from './errors.js';
@@ -74,7 +74,11 @@ export function initBackend(options: { logLevel?: keyof typeof LogLevel } = {}):
 } {
   const { binding, path } = loadBinding();
   initialised = binding.backendInit(LogLevel[options.logLevel ?? 'error']);
-  return { systemInfo: initialised.systemInfo, supportsGpuOffload: initialised.supportsGpuOffload, addonPath: path };
+  return {
+    systemInfo: initialised.systemInfo,
+    supportsGpuOffload: initialised.supportsGpuOffload,
+    addonPath: path,
+  };
 }
 
 /** Every device the backend sees, local and registered ggml-RPC ones, with memory in bytes. */
@@ -96,7 +100,9 @@ export function probeRpcServer(
 ): Promise<{ major: number; minor: number; patch: number }> {
   const match = /^(.+):(\d+)$/.exec(endpoint);
   if (!match) {
-    return Promise.reject(new HydraError('HYDRA_ERR_BAD_ARGUMENT', `endpoint must be host:port, got ${endpoint}`));
+    return Promise.reject(
+      new HydraError('HYDRA_ERR_BAD_ARGUMENT', `endpoint must be host:port, got ${endpoint}`),
+    );
   }
   const host = match[1]!.replace(/^\[|\]$/g, '');
   const port = Number(match[2]);
@@ -106,7 +112,11 @@ export function probeRpcServer(
     let size = 0;
     const fail = (why: string) => {
       socket.destroy();
-      reject(new HydraError('HYDRA_ERR_PEER_UNREACHABLE', `ggml-RPC peer ${endpoint}: ${why}`, { keys: [endpoint] }));
+      reject(
+        new HydraError('HYDRA_ERR_PEER_UNREACHABLE', `ggml-RPC peer ${endpoint}: ${why}`, {
+          keys: [endpoint],
+        }),
+      );
     };
     socket.setTimeout(timeoutMs, () => fail(`no answer within ${timeoutMs} ms`));
     socket.on('error', (err) => fail(err.message));
@@ -144,18 +154,37 @@ export function probeRpcServer(
  * place layers on them (device names `RPC0`, `RPC1`, ...). Registering the same endpoint again
  * returns the same devices.
  */
-export async function addRpcServer(endpoint: string, options: { timeoutMs?: number } = {}): Promise<NativeDevice[]> {
+export async function addRpcServer(
+  endpoint: string,
+  options: { timeoutMs?: number } = {},
+): Promise<NativeDevice[]> {
   await probeRpcServer(endpoint, options.timeoutMs);
-  return callAsync(() => native().rpcServerAdd(endpoint));
+  const devices = await callAsync(() => native().rpcServerAdd(endpoint));
+  offloadCheck = undefined;
+  return devices;
+}
+
+// Whether an offload device exists, refreshed only when a peer was just registered (alive then).
+// devicesList() asks every ggml-RPC device for its memory, a round trip on the JS thread that never
+// returns once that peer is lost (its client thread is parked): a model loaded after a peer loss
+// must not ask again.
+let offloadCheck: boolean | undefined;
+function hasOffloadDevice(binding: NativeBinding): boolean {
+  offloadCheck ??= binding.devicesList().some((d) => d.type === 'gpu' || d.type === 'igpu');
+  return offloadCheck;
 }
 
 /** Parses `<regex>=<buffer type>` (llama.cpp `-ot`) into its parts. */
 export function parseOverride(spec: string): { pattern: string; bufferType: string } {
   const at = spec.lastIndexOf('=');
   if (at <= 0 || at === spec.length - 1) {
-    throw new HydraError('HYDRA_ERR_BAD_OVERRIDE', `override must be "<regex>=<buffer type>", got ${JSON.stringify(spec)}`, {
-      keys: [spec],
-    });
+    throw new HydraError(
+      'HYDRA_ERR_BAD_OVERRIDE',
+      `override must be "<regex>=<buffer type>", got ${JSON.stringify(spec)}`,
+      {
+        keys: [spec],
+      },
+    );
   }
   return { pattern: spec.slice(0, at), bufferType: spec.slice(at + 1) };
 }
@@ -190,15 +219,15 @@ export class Model {
     this.info = binding.modelInfo(handle);
     // On-device sampling pays off where the output layer sits on a GPU; on the CPU backend it is
     // slower than the host sampler (measured: 0.6x on the tiny model).
-    this.#offloaded =
-      (params.nGpuLayers ?? -1) !== 0 && binding.devicesList().some((d) => d.type === 'gpu' || d.type === 'igpu');
+    this.#offloaded = (params.nGpuLayers ?? -1) !== 0 && hasOffloadDevice(binding);
   }
 
   /** Loads a GGUF model off the JS thread. */
   static async load(params: ModelLoadParams, options: ModelLoadOptions = {}): Promise<Model> {
     const binding = native();
     const overrides = (params.overrides ?? []).map(parseOverride);
-    if (options.signal?.aborted) throw new HydraError('HYDRA_ERR_LOAD_CANCELLED', 'model load aborted before start');
+    if (options.signal?.aborted)
+      throw new HydraError('HYDRA_ERR_LOAD_CANCELLED', 'model load aborted before start');
     const { promise, cancel } = call(() => binding.modelLoad({ ...params, overrides }, options.onProgress));
     const onAbort = () => cancel();
     options.signal?.addEventListener('abort', onAbort, { once: true });
@@ -221,7 +250,12 @@ export class Model {
 
   tokenize(text: string, options: { addSpecial?: boolean; parseSpecial?: boolean } = {}): Int32Array {
     return call(() =>
-      this.#binding.tokenize(this.#h(), text, options.addSpecial ?? this.info.addBos, options.parseSpecial ?? true),
+      this.#binding.tokenize(
+        this.#h(),
+        text,
+        options.addSpecial ?? this.info.addBos,
+        options.parseSpecial ?? true,
+      ),
     );
   }
 
@@ -230,9 +264,17 @@ export class Model {
     return call(() => this.#binding.tokenToPiece(this.#h(), token, special));
   }
 
-  detokenize(tokens: Int32Array, options: { removeSpecial?: boolean; unparseSpecial?: boolean } = {}): string {
+  detokenize(
+    tokens: Int32Array,
+    options: { removeSpecial?: boolean; unparseSpecial?: boolean } = {},
+  ): string {
     return call(() =>
-      this.#binding.detokenize(this.#h(), tokens, options.removeSpecial ?? false, options.unparseSpecial ?? false),
+      this.#binding.detokenize(
+        this.#h(),
+        tokens,
+        options.removeSpecial ?? false,
+        options.unparseSpecial ?? false,
+      ),
     );
   }
 
@@ -241,7 +283,10 @@ export class Model {
   }
 
   /** Formats messages with the model's chat template (or `template`). */
-  applyChatTemplate(messages: { role: string; content: string }[], options: { addAssistant?: boolean; template?: string } = {}): string {
+  applyChatTemplate(
+    messages: { role: string; content: string }[],
+    options: { addAssistant?: boolean; template?: string } = {},
+  ): string {
     return call(() =>
       this.#binding.chatApplyTemplate(this.#h(), messages, options.addAssistant ?? true, options.template),
     );
@@ -259,14 +304,20 @@ export class Model {
 
   /** A sampler chain with the per-request (T1) sampling parameters; `temp <= 0` is greedy. */
   createSampler(params: NativeSamplerParams = {}): Sampler {
-    return new Sampler(this.#binding, call(() => this.#binding.samplerCreate(this.#h(), params)));
+    return new Sampler(
+      this.#binding,
+      call(() => this.#binding.samplerCreate(this.#h(), params)),
+    );
   }
 
   /** Frees the model. Throws if contexts are still alive. */
   dispose(): void {
     if (!this.#handle) return;
     if (this.#contexts.size > 0) {
-      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `model still has ${this.#contexts.size} live context(s)`);
+      throw new HydraError(
+        'HYDRA_ERR_BAD_ARGUMENT',
+        `model still has ${this.#contexts.size} live context(s)`,
+      );
     }
     const handle = this.#handle;
     call(() => this.#binding.modelFree(handle));
@@ -338,9 +389,11 @@ export class Context {
   #enqueue<T>(op: () => Promise<T>): Promise<T> {
     this.#pending += 1;
     const run = this.#queue.then(op, op);
-    this.#queue = run.catch(() => undefined).finally(() => {
-      this.#pending -= 1;
-    });
+    this.#queue = run
+      .catch(() => undefined)
+      .finally(() => {
+        this.#pending -= 1;
+      });
     return run.catch(rethrow);
   }
 
