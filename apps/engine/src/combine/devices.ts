@@ -12,6 +12,7 @@
 //   the JS thread would freeze the whole engine. The list is therefore only refreshed while every
 //   registered peer is believed alive; otherwise the last good list is served.
 import { addRpcServer, type Device, listDevices } from '@hydra-engine/native-ggml';
+import { HydraError } from '../errors.js';
 
 const endpoints = new Map<string, string[]>();
 const buffers = new Map<string, string[]>();
@@ -33,13 +34,20 @@ function localDevices(): Device[] {
  * Registering an endpoint again returns the same devices.
  */
 export async function registerPeer(endpoint: string): Promise<{ names: string[]; bufferTypes: string[] }> {
+  if (lost.has(endpoint)) {
+    // Upstream would hand the parked dispatcher of the lost connection back (and hang).
+    throw new HydraError(
+      'HYDRA_ERR_PEER_LOST',
+      `peer ${endpoint} was lost earlier in this process; add it again under another spelling of its address (e.g. localhost:PORT)`,
+      { keys: ['rpc_servers'], details: { peer: endpoint } },
+    );
+  }
   localDevices();
   const devices = await addRpcServer(endpoint);
   const names = devices.map((d) => d.name);
   const bufferTypes = devices.map((d) => d.bufferType);
   endpoints.set(endpoint, names);
   buffers.set(endpoint, bufferTypes);
-  lost.delete(endpoint);
   return { names, bufferTypes };
 }
 
