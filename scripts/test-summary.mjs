@@ -27,6 +27,9 @@ for (const file of reports) {
   const report = JSON.parse(readFileSync(file, 'utf8'));
   passed += report.numPassedTests;
   failed += report.numFailedTests;
+  // A suite that fails before its tests run (a throwing beforeAll, an import error) has no failed
+  // test, only skipped ones: it must still count.
+  if (report.success === false && report.numFailedTests === 0) failed += Math.max(1, report.numFailedTestSuites ?? 0);
   skipped += report.numPendingTests + report.numTodoTests;
   console.log(`${file.padEnd(44)} ${report.numPassedTests} passed, ${report.numFailedTests} failed`);
 }

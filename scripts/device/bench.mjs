@@ -29,10 +29,10 @@ function figure(name, unit, samples, anchor) {
   const sorted = [...samples].sort((a, b) => a - b);
   const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
   const mean = samples.reduce((a, b) => a + b, 0) / samples.length;
-  const f = { name, unit, samples: samples.length, median: q(0.5), p99: q(0.99), mean };
+  const f = { name, unit, samples: samples.length, median: q(0.5), p99: q(0.99), mean, better: unit.includes('/s') ? 'higher' : 'lower' };
   if (anchor) {
     f.anchor = anchor;
-    f.ratio = unit.includes('/s') ? f.median / anchor.median : anchor.median / f.median;
+    f.ratio = f.median / anchor.median;
   }
   figures.push(f);
   log(name, JSON.stringify({ median: f.median, p99: f.p99, anchor: anchor?.median, ratio: f.ratio }));
