@@ -220,12 +220,24 @@ async function startStock(devices = 'CUDA0') {
 async function main() {
   process.env.HYDRA_NATIVE_ADDON ??= resolve(bin, 'hydra_ggml.node');
 const info = initBackend();
+const devices = listDevices();
+// benchmarks/src/schema.ts's format, so the dashboard draws it.
 const result = {
-  name: 'device-native-port',
-  command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`,
+  suite: 'gpu-native-port',
+  commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown',
   date: new Date().toISOString(),
-  machine: { host: hostname(), cpu: cpus()[0]?.model, cores: cpus().length, memoryBytes: totalmem(), devices: listDevices(), systemInfo: info.systemInfo },
+  machine: {
+    cpu: cpus()[0]?.model ?? 'unknown',
+    cores: cpus().length,
+    memory_gib: Math.round((totalmem() / 2 ** 30) * 10) / 10,
+    os: 'linux',
+    node: process.version,
+    gpus: devices.filter((d) => d.type === 'gpu').map((d) => d.description),
+    host: hostname(),
+    devices,
+  },
   figures,
+  notes: { command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`, systemInfo: info.systemInfo },
 };
 const save = () => {
   if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
