@@ -1,6 +1,6 @@
 // Adds up the vitest JSON reports of every workspace package into one closing line, so CI (and a
 // person) sees one total: "test: N passed, N failed, N skipped".
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 const roots = ['packages', 'apps', 'tests'];
@@ -29,7 +29,8 @@ for (const file of reports) {
   failed += report.numFailedTests;
   // A suite that fails before its tests run (a throwing beforeAll, an import error) has no failed
   // test, only skipped ones: it must still count.
-  if (report.success === false && report.numFailedTests === 0) failed += Math.max(1, report.numFailedTestSuites ?? 0);
+  if (report.success === false && report.numFailedTests === 0)
+    failed += Math.max(1, report.numFailedTestSuites ?? 0);
   skipped += report.numPendingTests + report.numTodoTests;
   console.log(`${file.padEnd(44)} ${report.numPassedTests} passed, ${report.numFailedTests} failed`);
 }

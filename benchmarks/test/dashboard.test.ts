@@ -92,7 +92,9 @@ describe('dashboard', () => {
       (/data-drawn="([^"]*)"/.exec(dom)?.[1] ?? '[]').replace(/&quot;/g, '"'),
     ) as number[];
     // One chart per suite and figure name over every results file the page was built from.
-    const keys = new Set(readResults(results).flatMap((r) => r.figures.map((f) => `${r.suite} :: ${f.name}`)));
+    const keys = new Set(
+      readResults(results).flatMap((r) => r.figures.map((f) => `${r.suite} :: ${f.name}`)),
+    );
     expect(keys.size).toBeGreaterThan(10);
     expect(charts).toBe(keys.size);
     expect(drawn.length).toBeGreaterThanOrEqual(charts);

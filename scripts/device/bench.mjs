@@ -10,12 +10,13 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { cpus, hostname, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
-import { Model, initBackend, listDevices } from '../../packages/native-ggml/dist/index.js';
+import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
 
-const args = Object.fromEntries(
-  process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []),
-);
+const args = {};
+for (const [i, a] of process.argv.entries()) {
+  if (i >= 2 && a.startsWith('--')) args[a.slice(2)] = process.argv[i + 1];
+}
 const only = new Set((args.only ?? 'native,http,hello,rpc').split(','));
 const shapes = (args.shapes ?? '8b').split(',');
 const modelsDir = args.models ?? '/tmp/hydra-models';
@@ -29,7 +30,15 @@ function figure(name, unit, samples, anchor) {
   const sorted = [...samples].sort((a, b) => a - b);
   const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
   const mean = samples.reduce((a, b) => a + b, 0) / samples.length;
-  const f = { name, unit, samples: samples.length, median: q(0.5), p99: q(0.99), mean, better: unit.includes('/s') ? 'higher' : 'lower' };
+  const f = {
+    name,
+    unit,
+    samples: samples.length,
+    median: q(0.5),
+    p99: q(0.99),
+    mean,
+    better: unit.includes('/s') ? 'higher' : 'lower',
+  };
   if (anchor) {
     f.anchor = anchor;
     f.ratio = f.median / anchor.median;
@@ -56,7 +65,19 @@ async function freePort() {
 }
 
 async function llamaBench(model, extra = []) {
-  const out = await run(join(bin, 'llama-bench'), ['-m', model, '-p', '512', '-n', '128', '-r', '3', '-o', 'json', ...extra]);
+  const out = await run(join(bin, 'llama-bench'), [
+    '-m',
+    model,
+    '-p',
+    '512',
+    '-n',
+    '128',
+    '-r',
+    '3',
+    '-o',
+    'json',
+    ...extra,
+  ]);
   const rows = JSON.parse(out);
   const pick = (pred) => rows.find(pred);
   const pp = pick((r) => r.n_prompt === 512 && r.n_gen === 0);
@@ -85,7 +106,13 @@ async function nativeDecode(modelPath, modes) {
   const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
   const out = {};
   for (const mode of modes) {
-    const ctx = await model.createContext({ nCtx: 4096, nBatch: 2048, nUbatch: 512, flashAttn: 'auto', backendSampling: mode !== 'cpu' });
+    const ctx = await model.createContext({
+      nCtx: 4096,
+      nBatch: 2048,
+      nUbatch: 512,
+      flashAttn: 'auto',
+      backendSampling: mode !== 'cpu',
+    });
     const pp = [];
     const tg = [];
     for (let rep = 0; rep < 5; rep++) {
@@ -119,12 +146,33 @@ async function nativeDecode(modelPath, modes) {
 async function startEngine(modelPath, extra = []) {
   const port = await freePort();
   const rpcPort = await freePort();
-  const child = spawn(process.execPath, [join(jsDir, 'cli.cjs'), '-m', modelPath, '-ngl', '99', '-c', '4096', '-np', '1', '--port', String(port), '--rpc-port', String(rpcPort), ...extra], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env },
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      join(jsDir, 'cli.cjs'),
+      '-m',
+      modelPath,
+      '-ngl',
+      '99',
+      '-c',
+      '4096',
+      '-np',
+      '1',
+      '--port',
+      String(port),
+      '--rpc-port',
+      String(rpcPort),
+      ...extra,
+    ],
+    {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env },
+    },
+  );
   let stderr = '';
-  child.stderr.on('data', (c) => (stderr += c));
+  child.stderr.on('data', (c) => {
+    stderr += c;
+  });
   const deadline = Date.now() + 300_000;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`engine exited: ${stderr.slice(-2000)}`);
@@ -156,8 +204,7 @@ async function httpDecode(port) {
       const { done, value } = await reader.read();
       if (done) break;
       buf += decoder.decode(value, { stream: true });
-      let at;
-      while ((at = buf.indexOf('\n\n')) >= 0) {
+      for (let at = buf.indexOf('\n\n'); at >= 0; at = buf.indexOf('\n\n')) {
         const event = buf.slice(0, at);
         buf = buf.slice(at + 2);
         if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
@@ -202,7 +249,9 @@ async function helloLatency(port, n = 300) {
 
 async function startStock(devices = 'CUDA0') {
   const port = await freePort();
-  const child = spawn(join(bin, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port), '-d', devices], { stdio: 'ignore' });
+  const child = spawn(join(bin, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port), '-d', devices], {
+    stdio: 'ignore',
+  });
   for (let i = 0; i < 100; i++) {
     const ok = await new Promise((r) => {
       const s = connect(port, '127.0.0.1', () => {
@@ -219,104 +268,153 @@ async function startStock(devices = 'CUDA0') {
 
 async function main() {
   process.env.HYDRA_NATIVE_ADDON ??= resolve(bin, 'hydra_ggml.node');
-const info = initBackend();
-const devices = listDevices();
-// benchmarks/src/schema.ts's format, so the dashboard draws it.
-const result = {
-  suite: 'gpu-native-port',
-  commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown',
-  date: new Date().toISOString(),
-  machine: {
-    cpu: cpus()[0]?.model ?? 'unknown',
-    cores: cpus().length,
-    memory_gib: Math.round((totalmem() / 2 ** 30) * 10) / 10,
-    os: 'linux',
-    node: process.version,
-    gpus: devices.filter((d) => d.type === 'gpu').map((d) => d.description),
-    host: hostname(),
-    devices,
-  },
-  figures,
-  notes: { command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`, systemInfo: info.systemInfo },
-};
-const save = () => {
-  if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
-};
+  const info = initBackend();
+  const devices = listDevices();
+  // benchmarks/src/schema.ts's format, so the dashboard draws it.
+  const result = {
+    suite: 'gpu-native-port',
+    commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown',
+    date: new Date().toISOString(),
+    machine: {
+      cpu: cpus()[0]?.model ?? 'unknown',
+      cores: cpus().length,
+      memory_gib: Math.round((totalmem() / 2 ** 30) * 10) / 10,
+      os: 'linux',
+      node: process.version,
+      gpus: devices.filter((d) => d.type === 'gpu').map((d) => d.description),
+      host: hostname(),
+      devices,
+    },
+    figures,
+    notes: {
+      command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`,
+      systemInfo: info.systemInfo,
+    },
+  };
+  const save = () => {
+    if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
+  };
 
-for (const shape of shapes) {
-  const model = await ensureModel('llama', shape);
-  let anchor;
-  if (only.has('native') || only.has('http')) {
-    log(`llama-bench local ${shape}`);
-    anchor = await llamaBench(model, ['-ngl', '99']);
-  }
-  if (only.has('native')) {
-    log(`native decode loop ${shape}`);
-    const n = await nativeDecode(model, ['backend', 'cpu', 'none']);
-    figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, { name: 'llama-bench pp512', unit: 'tokens/s', median: anchor.pp.median });
-    figure(`${shape} q4_0 decode, native loop, greedy sampled on the device`, 'tokens/s', n.backend.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
-    figure(`${shape} q4_0 decode, native loop, greedy sampled on the CPU`, 'tokens/s', n.cpu.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
-    figure(`${shape} q4_0 decode, native loop, no sampling (call path only)`, 'tokens/s', n.none.tg, { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
-    save();
-  }
-  if (only.has('http') || only.has('hello') || only.has('rpc')) {
-    const engine = await startEngine(model);
-    try {
-      if (only.has('http')) {
-        log(`HTTP decode ${shape}`);
-        figure(`${shape} q4_0 decode, one stream through the HTTP API`, 'tokens/s', await httpDecode(engine.port), { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median });
-        save();
-      }
-      if (only.has('hello') && shape === shapes[0]) {
-        const stock = await startStock();
-        try {
-          const ours = await helloLatency(engine.rpcPort);
-          const theirs = await helloLatency(stock.port);
-          const sorted = [...theirs].sort((a, b) => a - b);
-          const anchorHello = { name: 'stock ggml-rpc-server HELLO', unit: 'ms', median: sorted[Math.floor(sorted.length / 2)], p99: sorted[Math.floor(sorted.length * 0.99)] };
-          figure('ggml-RPC HELLO connect-to-reply through the merged port', 'ms', ours, anchorHello);
-        } finally {
-          stock.child.kill('SIGKILL');
+  for (const shape of shapes) {
+    const model = await ensureModel('llama', shape);
+    let anchor;
+    if (only.has('native') || only.has('http')) {
+      log(`llama-bench local ${shape}`);
+      anchor = await llamaBench(model, ['-ngl', '99']);
+    }
+    if (only.has('native')) {
+      log(`native decode loop ${shape}`);
+      const n = await nativeDecode(model, ['backend', 'cpu', 'none']);
+      figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
+        name: 'llama-bench pp512',
+        unit: 'tokens/s',
+        median: anchor.pp.median,
+      });
+      figure(`${shape} q4_0 decode, native loop, greedy sampled on the device`, 'tokens/s', n.backend.tg, {
+        name: 'llama-bench tg128',
+        unit: 'tokens/s',
+        median: anchor.tg.median,
+      });
+      figure(`${shape} q4_0 decode, native loop, greedy sampled on the CPU`, 'tokens/s', n.cpu.tg, {
+        name: 'llama-bench tg128',
+        unit: 'tokens/s',
+        median: anchor.tg.median,
+      });
+      figure(`${shape} q4_0 decode, native loop, no sampling (call path only)`, 'tokens/s', n.none.tg, {
+        name: 'llama-bench tg128',
+        unit: 'tokens/s',
+        median: anchor.tg.median,
+      });
+      save();
+    }
+    if (only.has('http') || only.has('hello') || only.has('rpc')) {
+      const engine = await startEngine(model);
+      try {
+        if (only.has('http')) {
+          log(`HTTP decode ${shape}`);
+          figure(
+            `${shape} q4_0 decode, one stream through the HTTP API`,
+            'tokens/s',
+            await httpDecode(engine.port),
+            { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
+          );
+          save();
         }
-        save();
+        if (only.has('hello') && shape === shapes[0]) {
+          const stock = await startStock();
+          try {
+            const ours = await helloLatency(engine.rpcPort);
+            const theirs = await helloLatency(stock.port);
+            const sorted = [...theirs].sort((a, b) => a - b);
+            const anchorHello = {
+              name: 'stock ggml-rpc-server HELLO',
+              unit: 'ms',
+              median: sorted[Math.floor(sorted.length / 2)],
+              p99: sorted[Math.floor(sorted.length * 0.99)],
+            };
+            figure('ggml-RPC HELLO connect-to-reply through the merged port', 'ms', ours, anchorHello);
+          } finally {
+            stock.child.kill('SIGKILL');
+          }
+          save();
+        }
+      } finally {
+        engine.stop();
+        await new Promise((r) => engine.child.once('exit', r));
       }
-    } finally {
-      engine.stop();
-      await new Promise((r) => engine.child.once('exit', r));
+    }
+    if (only.has('rpc')) {
+      // A model-less engine lends its GPU; llama-bench (upstream client) places layers on it.
+      const peerPort = await freePort();
+      const rpcPort = await freePort();
+      const peer = spawn(
+        process.execPath,
+        [join(jsDir, 'cli.cjs'), '--port', String(peerPort), '--rpc-port', String(rpcPort)],
+        {
+          stdio: 'ignore',
+          env: { ...process.env },
+        },
+      );
+      await new Promise((r) => setTimeout(r, 1500));
+      const stock = await startStock();
+      try {
+        for (const [label, extra] of [
+          ['all layers remote', ['-dev', 'RPC0']],
+          ['1/1 split', ['-dev', 'CUDA0/RPC0', '-ts', '1/1']],
+        ]) {
+          log(`llama-bench --rpc ${shape} ${label}`);
+          const theirs = await llamaBench(model, [
+            '-ngl',
+            '99',
+            '--rpc',
+            `127.0.0.1:${stock.port}`,
+            ...extra,
+          ]);
+          const ours = await llamaBench(model, ['-ngl', '99', '--rpc', `127.0.0.1:${rpcPort}`, ...extra]);
+          figure(
+            `${shape} q4_0 ${label}: llama-bench --rpc decode through our merged port`,
+            'tokens/s',
+            ours.tg.samples,
+            { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.tg.median },
+          );
+          figure(
+            `${shape} q4_0 ${label}: llama-bench --rpc prefill through our merged port`,
+            'tokens/s',
+            ours.pp.samples,
+            { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.pp.median },
+          );
+          save();
+        }
+      } finally {
+        stock.child.kill('SIGKILL');
+        peer.kill('SIGTERM');
+      }
     }
   }
-  if (only.has('rpc')) {
-    // A model-less engine lends its GPU; llama-bench (upstream client) places layers on it.
-    const peerPort = await freePort();
-    const rpcPort = await freePort();
-    const peer = spawn(process.execPath, [join(jsDir, 'cli.cjs'), '--port', String(peerPort), '--rpc-port', String(rpcPort)], {
-      stdio: 'ignore',
-      env: { ...process.env },
-    });
-    await new Promise((r) => setTimeout(r, 1500));
-    const stock = await startStock();
-    try {
-      for (const [label, extra] of [
-        ['all layers remote', ['-dev', 'RPC0']],
-        ['1/1 split', ['-dev', 'CUDA0/RPC0', '-ts', '1/1']],
-      ]) {
-        log(`llama-bench --rpc ${shape} ${label}`);
-        const theirs = await llamaBench(model, ['-ngl', '99', '--rpc', `127.0.0.1:${stock.port}`, ...extra]);
-        const ours = await llamaBench(model, ['-ngl', '99', '--rpc', `127.0.0.1:${rpcPort}`, ...extra]);
-        figure(`${shape} q4_0 ${label}: llama-bench --rpc decode through our merged port`, 'tokens/s', ours.tg.samples, { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.tg.median });
-        figure(`${shape} q4_0 ${label}: llama-bench --rpc prefill through our merged port`, 'tokens/s', ours.pp.samples, { name: 'via stock ggml-rpc-server', unit: 'tokens/s', median: theirs.pp.median });
-        save();
-      }
-    } finally {
-      stock.child.kill('SIGKILL');
-      peer.kill('SIGTERM');
-    }
-  }
-}
-result.seconds = (Date.now() - started) / 1000;
-save();
-log('done');
-process.exit(0);
+  result.seconds = (Date.now() - started) / 1000;
+  save();
+  log('done');
+  process.exit(0);
 }
 
 main().catch((err) => {

@@ -28,10 +28,27 @@ const renamePiscinaWorker = {
     }));
   },
 };
-await build({ ...common, entryPoints: [join(root, 'apps/engine/dist/cli.js')], outfile: join(out, 'cli.cjs'), plugins: [renamePiscinaWorker] });
+await build({
+  ...common,
+  entryPoints: [join(root, 'apps/engine/dist/cli.js')],
+  outfile: join(out, 'cli.cjs'),
+  plugins: [renamePiscinaWorker],
+});
 const piscina = realpathSync(join(root, 'packages/hydra-rpc/node_modules/piscina'));
-await build({ ...common, entryPoints: [join(piscina, 'dist/worker.js')], outfile: join(out, 'piscina-worker.cjs') });
+await build({
+  ...common,
+  entryPoints: [join(piscina, 'dist/worker.js')],
+  outfile: join(out, 'piscina-worker.cjs'),
+});
 // native-ggml's rpcWorkerPath is ./rpc-worker.js beside the bundle that imports it.
-await build({ ...common, entryPoints: [join(root, 'packages/native-ggml/dist/rpc-worker.js')], outfile: join(out, 'rpc-worker.js') });
-await build({ ...common, entryPoints: [join(root, 'scripts/device/bench.mjs')], outfile: join(out, 'bench.cjs') });
+await build({
+  ...common,
+  entryPoints: [join(root, 'packages/native-ggml/dist/rpc-worker.js')],
+  outfile: join(out, 'rpc-worker.js'),
+});
+await build({
+  ...common,
+  entryPoints: [join(root, 'scripts/device/bench.mjs')],
+  outfile: join(out, 'bench.cjs'),
+});
 console.error(`pack: bundles in ${out}`);

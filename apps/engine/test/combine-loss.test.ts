@@ -100,8 +100,9 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
 
     let health: { status: string; state: string; degraded?: { reason: string; since: string } } | undefined;
     await waitFor(async () => {
-      health = await fetch(`${head.url}/health`).then((r) => r.json() as Promise<NonNullable<typeof health>>);
-      return health.state === 'ready' && health.status === 'degraded';
+      const now = await fetch(`${head.url}/health`).then((r) => r.json() as Promise<NonNullable<typeof health>>);
+      health = now;
+      return now.state === 'ready' && now.status === 'degraded';
     }, 10_000);
     const again = await greedy(head.url, PROMPT);
     const recovered = performance.now() - killedAt;

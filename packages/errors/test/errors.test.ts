@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { HydraError, documentedCodes, isHydraError, undocumentedCodes } from '../src/index.js';
+import { documentedCodes, HydraError, isHydraError, undocumentedCodes } from '../src/index.js';
 
 describe('HydraError', () => {
   it('keeps code, keys and details and serialises to the wire shape', () => {
@@ -7,7 +7,11 @@ describe('HydraError', () => {
     expect(err.code).toBe('HYDRA_ERR_T4_FIELD');
     expect(err.name).toBe('HydraError');
     expect(err).toBeInstanceOf(Error);
-    expect(err.toJSON()).toEqual({ code: 'HYDRA_ERR_T4_FIELD', message: 'port is start-only', keys: ['port'] });
+    expect(err.toJSON()).toEqual({
+      code: 'HYDRA_ERR_T4_FIELD',
+      message: 'port is start-only',
+      keys: ['port'],
+    });
     expect(isHydraError(err)).toBe(true);
     expect(isHydraError({ code: 'ENOENT', message: 'x' })).toBe(false);
   });

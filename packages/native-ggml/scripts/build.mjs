@@ -18,16 +18,26 @@ const jobs = String(Number(process.env.HYDRA_BUILD_JOBS) || availableParallelism
 
 prepareUpstream();
 
-const defines = [
-  `--CDNODE_ADDON_API_DIR=${dirname(require.resolve('node-addon-api/package.json'))}`,
-];
+const defines = [`--CDNODE_ADDON_API_DIR=${dirname(require.resolve('node-addon-api/package.json'))}`];
 // -march=native is off by default: on this project's VMs the CPU advertises AMX, which the
 // hypervisor does not enable, and q8_0 weights then die of SIGILL in ggml's AMX path. The portable
 // x86-64-v3 set (AVX2, FMA, F16C, BMI2) runs everywhere CI and the device machine do.
 if (process.env.HYDRA_NATIVE_CPU === '1') {
-  defines.push('--CDGGML_NATIVE=ON', '--CDGGML_AMX_TILE=OFF', '--CDGGML_AMX_INT8=OFF', '--CDGGML_AMX_BF16=OFF');
+  defines.push(
+    '--CDGGML_NATIVE=ON',
+    '--CDGGML_AMX_TILE=OFF',
+    '--CDGGML_AMX_INT8=OFF',
+    '--CDGGML_AMX_BF16=OFF',
+  );
 } else {
-  defines.push('--CDGGML_NATIVE=OFF', '--CDGGML_AVX=ON', '--CDGGML_AVX2=ON', '--CDGGML_FMA=ON', '--CDGGML_F16C=ON', '--CDGGML_BMI2=ON');
+  defines.push(
+    '--CDGGML_NATIVE=OFF',
+    '--CDGGML_AVX=ON',
+    '--CDGGML_AVX2=ON',
+    '--CDGGML_FMA=ON',
+    '--CDGGML_F16C=ON',
+    '--CDGGML_BMI2=ON',
+  );
 }
 if (cuda) {
   defines.push('--CDGGML_CUDA=ON', `--CDCMAKE_CUDA_ARCHITECTURES=${process.env.HYDRA_CUDA_ARCHS ?? '90'}`);
@@ -37,8 +47,14 @@ const cmakeJs = join(dirname(require.resolve('cmake-js/package.json')), 'bin', '
 const started = Date.now();
 console.error(`hydra native-ggml: building ${cuda ? 'CUDA' : 'CPU'} into ${outDir} with ${jobs} jobs`);
 // configure every time (cheap) so that changed options reach the cache; then an incremental build.
-for (const step of [['configure', ...defines], ['build', '--parallel', jobs]]) {
-  execFileSync(process.execPath, [cmakeJs, step[0], '--out', outDir, ...step.slice(1)], { cwd: pkgDir, stdio: 'inherit' });
+for (const step of [
+  ['configure', ...defines],
+  ['build', '--parallel', jobs],
+]) {
+  execFileSync(process.execPath, [cmakeJs, step[0], '--out', outDir, ...step.slice(1)], {
+    cwd: pkgDir,
+    stdio: 'inherit',
+  });
 }
 const addon = join(outDir, 'bin', 'hydra_ggml.node');
 if (!existsSync(addon)) {

@@ -6,7 +6,7 @@
 // is committed. A second run reuses upstream/ when its stamp matches the pin and the patches.
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -58,7 +58,9 @@ function fetchBundle() {
   }
   const got = sha256(tarball);
   if (got !== PIN.tarballSha256) {
-    fail(`checksum mismatch for ${tarball}: expected ${PIN.tarballSha256}, got ${got}. Delete it and retry; if it persists the registry copy changed and the pin must be reviewed.`);
+    fail(
+      `checksum mismatch for ${tarball}: expected ${PIN.tarballSha256}, got ${got}. Delete it and retry; if it persists the registry copy changed and the pin must be reviewed.`,
+    );
   }
   const bundle = join(cacheDir, 'gitRelease.bundle');
   if (!existsSync(bundle) || sha256(bundle) !== PIN.bundleSha256) {

@@ -145,11 +145,20 @@ export interface NativeBinding {
   ): string;
   contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
   contextFree(ctx: ContextHandle): void;
-  contextInfo(ctx: ContextHandle): { nCtx: number; nCtxSeq: number; nBatch: number; nUbatch: number; nSeqMax: number };
+  contextInfo(ctx: ContextHandle): {
+    nCtx: number;
+    nCtxSeq: number;
+    nBatch: number;
+    nUbatch: number;
+    nSeqMax: number;
+  };
   samplerCreate(model: ModelHandle, params: NativeSamplerParams): SamplerHandle;
   samplerFree(sampler: SamplerHandle): void;
   samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;
-  decodeStep(ctx: ContextHandle, entries: NativeDecodeEntry[]): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
+  decodeStep(
+    ctx: ContextHandle,
+    entries: NativeDecodeEntry[],
+  ): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
   memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
   memorySeqPosMax(ctx: ContextHandle, seq: number): number;
@@ -200,7 +209,10 @@ export function addonCandidates(): string[] {
   // broken CUDA install behind a slow CPU engine.
   const fromEnv = process.env.HYDRA_NATIVE_ADDON;
   if (fromEnv) return [fromEnv];
-  return [join(packageDir, 'build-cuda', 'bin', 'hydra_ggml.node'), join(packageDir, 'build', 'bin', 'hydra_ggml.node')];
+  return [
+    join(packageDir, 'build-cuda', 'bin', 'hydra_ggml.node'),
+    join(packageDir, 'build', 'bin', 'hydra_ggml.node'),
+  ];
 }
 
 let loaded: { binding: NativeBinding; path: string } | undefined;

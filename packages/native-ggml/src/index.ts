@@ -372,7 +372,6 @@ export class Context {
   readonly model: Model;
   readonly #onDispose: () => void;
   #queue: Promise<unknown> = Promise.resolve();
-  #pending = 0;
 
   constructor(binding: NativeBinding, handle: ContextHandle, model: Model, onDispose: () => void) {
     this.#binding = binding;
@@ -387,13 +386,8 @@ export class Context {
   }
 
   #enqueue<T>(op: () => Promise<T>): Promise<T> {
-    this.#pending += 1;
     const run = this.#queue.then(op, op);
-    this.#queue = run
-      .catch(() => undefined)
-      .finally(() => {
-        this.#pending -= 1;
-      });
+    this.#queue = run.catch(() => undefined);
     return run.catch(rethrow);
   }
 

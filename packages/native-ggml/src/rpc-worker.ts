@@ -2,8 +2,8 @@
 // worker thread (not the event loop) until the client leaves. The worker keeps its device backends
 // between sessions (see native/hydra_rpc_serve.cpp).
 import { closeSync } from 'node:fs';
-import { loadBinding } from './binding.js';
 import type { NativeServeSummary } from './binding.js';
+import { loadBinding } from './binding.js';
 
 /** The task a merged port hands to this worker. */
 export interface RpcServeTask {

@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Model, addRpcServer, initBackend } from '../src/index.js';
+import { addRpcServer, initBackend, Model } from '../src/index.js';
 import { freePort, tinyModel } from './helpers.js';
 
 describe('bad input gets a clear error with a code and leaves the process usable', () => {
@@ -20,7 +20,9 @@ describe('bad input gets a clear error with a code and leaves the process usable
   }
 
   it('missing file', async () => {
-    await expect(Model.load({ path: join(dir, 'nope.gguf') })).rejects.toMatchObject({ code: 'HYDRA_ERR_LOAD_FAILED' });
+    await expect(Model.load({ path: join(dir, 'nope.gguf') })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_LOAD_FAILED',
+    });
     await stillWorks();
   });
 
@@ -50,11 +52,17 @@ describe('bad input gets a clear error with a code and leaves the process usable
   });
 
   it('unknown device and bad context parameters', async () => {
-    await expect(Model.load({ path: good, devices: ['CUDA7'] })).rejects.toMatchObject({ code: 'HYDRA_ERR_NO_DEVICE' });
+    await expect(Model.load({ path: good, devices: ['CUDA7'] })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_NO_DEVICE',
+    });
     const m = await Model.load({ path: good });
-    await expect(m.createContext({ typeK: 'q9_9' })).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT' });
+    await expect(m.createContext({ typeK: 'q9_9' })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_BAD_ARGUMENT',
+    });
     const ctx = await m.createContext({ nCtx: 64, nSeqMax: 1 });
-    await expect(ctx.decode([{ seq: 3, pos: 0, tokens: [1] }])).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT' });
+    await expect(ctx.decode([{ seq: 3, pos: 0, tokens: [1] }])).rejects.toMatchObject({
+      code: 'HYDRA_ERR_BAD_ARGUMENT',
+    });
     await ctx.dispose();
     m.dispose();
   });

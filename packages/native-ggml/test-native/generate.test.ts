@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Model, initBackend } from '../src/index.js';
+import { initBackend, Model } from '../src/index.js';
 import { binDir, run, tinyModel } from './helpers.js';
 
 const PROMPT = 'Hello world, this is a test';
@@ -62,13 +62,20 @@ describe('sequences and state', () => {
     const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
     const tokens = prompts.map((p) => model.tokenize(p));
     const pos = tokens.map((t) => t.length);
-    let r = await ctx.decode(prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })));
+    let r = await ctx.decode(
+      prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })),
+    );
     const outs = prompts.map((_, i) => [r.tokens[i]!]);
     for (let step = 1; step < 6; step++) {
       r = await ctx.decode(
-        prompts.map((_, i) => ({ seq: i, pos: pos[i]! + step - 1, tokens: [outs[i]!.at(-1)!], sampler: samplers[i]! })),
+        prompts.map((_, i) => ({
+          seq: i,
+          pos: pos[i]! + step - 1,
+          tokens: [outs[i]!.at(-1)!],
+          sampler: samplers[i]!,
+        })),
       );
-      outs.forEach((o, i) => o.push(r.tokens[i]!));
+      for (const [i, o] of outs.entries()) o.push(r.tokens[i]!);
     }
     expect(outs).toEqual(alone);
     for (const s of samplers) s.dispose();
@@ -83,7 +90,9 @@ describe('sequences and state', () => {
     expect(tokens.length).toBeGreaterThan(16);
     const r = await ctx.decode([{ seq: 0, pos: 0, tokens, sampler, logits: true }]);
     const ctx2 = await model.createContext({ nCtx: 512, nBatch: 512 });
-    const r2 = await ctx2.decode([{ seq: 0, pos: 0, tokens, sampler: model.createSampler({ temp: 0 }), logits: true }]);
+    const r2 = await ctx2.decode([
+      { seq: 0, pos: 0, tokens, sampler: model.createSampler({ temp: 0 }), logits: true },
+    ]);
     expect(r.tokens[0]).toBe(r2.tokens[0]);
     expect(r.logits[0]!.length).toBe(model.info.nVocab);
     sampler.dispose();
@@ -118,7 +127,9 @@ describe('sequences and state', () => {
       restored.push(last);
     }
     expect(restored).toEqual(original);
-    await expect(ctx2.setSequenceState(0, state.subarray(0, 10))).rejects.toMatchObject({ code: 'HYDRA_ERR_STATE_FAILED' });
+    await expect(ctx2.setSequenceState(0, state.subarray(0, 10))).rejects.toMatchObject({
+      code: 'HYDRA_ERR_STATE_FAILED',
+    });
     sampler.dispose();
     sampler2.dispose();
     await ctx.dispose();

@@ -1,6 +1,6 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
-import { type Server, type Socket, createServer } from 'node:net';
+import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,14 +11,21 @@ import { writeSyntheticModel } from '../src/synth/index.js';
 export const binDir = fileURLToPath(new URL('../build/bin/', import.meta.url));
 const fixtures = fileURLToPath(new URL('./fixtures/', import.meta.url));
 
-export async function tinyModel(quant: 'f32' | 'q8_0' | 'q4_0' = 'f32', arch: 'llama' | 'moe' = 'llama'): Promise<string> {
+export async function tinyModel(
+  quant: 'f32' | 'q8_0' | 'q4_0' = 'f32',
+  arch: 'llama' | 'moe' = 'llama',
+): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), 'hydra-native-'));
   const out = join(dir, `tiny-${arch}-${quant}.gguf`);
   await writeSyntheticModel({ arch, shape: 'tiny', quant, seed: 7, out });
   return out;
 }
 
-export function run(file: string, args: string[], timeoutMs = 60_000): Promise<{ stdout: string; stderr: string }> {
+export function run(
+  file: string,
+  args: string[],
+  timeoutMs = 60_000,
+): Promise<{ stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
     execFile(file, args, { timeout: timeoutMs, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
       if (err) reject(Object.assign(err, { stderr }));
@@ -33,7 +40,12 @@ export interface ClientResult {
 }
 
 /** Runs the RPC client fixture in its own process. */
-export async function rpcClient(model: string, prompt: string, endpoint?: string, ngl?: number): Promise<ClientResult> {
+export async function rpcClient(
+  model: string,
+  prompt: string,
+  endpoint?: string,
+  ngl?: number,
+): Promise<ClientResult> {
   const args = [join(fixtures, 'rpc-client.mjs'), model, prompt];
   if (endpoint) args.push(endpoint, String(ngl));
   const { stdout } = await run(process.execPath, args, 120_000);

@@ -1,6 +1,13 @@
 import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type ClientResult, maxAbsDiff, rpcClient, startFdServer, startStockRpcServer, tinyModel } from './helpers.js';
+import {
+  type ClientResult,
+  maxAbsDiff,
+  rpcClient,
+  startFdServer,
+  startStockRpcServer,
+  tinyModel,
+} from './helpers.js';
 
 const PROMPT = 'Hello world, this is a test';
 
@@ -22,19 +29,27 @@ describe('ggml-RPC served on a handed-over fd', () => {
     it.each([
       ['all layers', 99],
       ['half the layers', 2],
-    ])('%s on the RPC device give the local logits (1e-4) and tokens', async (_, ngl) => {
-      const remote = await rpcClient(model, PROMPT, `127.0.0.1:${server.port}`, ngl);
-      expect(maxAbsDiff(remote.logits, local.logits)).toBeLessThan(1e-4);
-      expect(remote.generated).toEqual(local.generated);
-      // The peeked byte was left in the stream: ggml-RPC read its own HELLO, and every session
-      // (the probe and the client) started with it.
-      expect(server.firstBytes.every((b) => b === 0x0e)).toBe(true);
-      const summaries = (await Promise.all(server.sessions)) as { commands: number; setTensorBytes: number; bytesIn: number }[];
-      const busiest = summaries.reduce((a, b) => (a.commands > b.commands ? a : b));
-      expect(busiest.commands).toBeGreaterThan(10);
-      expect(busiest.setTensorBytes).toBeGreaterThan(0);
-      expect(busiest.bytesIn).toBeGreaterThan(busiest.setTensorBytes);
-    }, 120_000);
+    ])(
+      '%s on the RPC device give the local logits (1e-4) and tokens',
+      async (_, ngl) => {
+        const remote = await rpcClient(model, PROMPT, `127.0.0.1:${server.port}`, ngl);
+        expect(maxAbsDiff(remote.logits, local.logits)).toBeLessThan(1e-4);
+        expect(remote.generated).toEqual(local.generated);
+        // The peeked byte was left in the stream: ggml-RPC read its own HELLO, and every session
+        // (the probe and the client) started with it.
+        expect(server.firstBytes.every((b) => b === 0x0e)).toBe(true);
+        const summaries = (await Promise.all(server.sessions)) as {
+          commands: number;
+          setTensorBytes: number;
+          bytesIn: number;
+        }[];
+        const busiest = summaries.reduce((a, b) => (a.commands > b.commands ? a : b));
+        expect(busiest.commands).toBeGreaterThan(10);
+        expect(busiest.setTensorBytes).toBeGreaterThan(0);
+        expect(busiest.bytesIn).toBeGreaterThan(busiest.setTensorBytes);
+      },
+      120_000,
+    );
 
     it('closes a connection whose first byte is not HELLO without serving it', async () => {
       const before = server.sessions.length;

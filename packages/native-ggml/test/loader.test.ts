@@ -7,8 +7,11 @@ const entry = fileURLToPath(new URL('../dist/index.js', import.meta.url));
 it('throws one error naming every place it tried when the addon is missing', async () => {
   const script = `import('${entry}').then((m) => { try { m.listDevices(); } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); } })`;
   const out = await new Promise<string>((resolve, reject) =>
-    execFile(process.execPath, ['-e', script], { env: { ...process.env, HYDRA_NATIVE_ADDON: '/nonexistent/hydra_ggml.node' } }, (err, stdout) =>
-      err ? reject(err) : resolve(stdout),
+    execFile(
+      process.execPath,
+      ['-e', script],
+      { env: { ...process.env, HYDRA_NATIVE_ADDON: '/nonexistent/hydra_ggml.node' } },
+      (err, stdout) => (err ? reject(err) : resolve(stdout)),
     ),
   );
   const { code, message } = JSON.parse(out) as { code: string; message: string };

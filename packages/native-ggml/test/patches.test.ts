@@ -1,4 +1,4 @@
-import { readFileSync, readdirSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect, it } from 'vitest';
@@ -31,7 +31,8 @@ export function patchFootprint(patches: string[]): { added: number; functions: S
       if (file.endsWith('.h')) continue; // declarations, not functions
       const body = line.slice(1);
       // A new top-level definition (its signature may wrap) owns the added lines up to its `}`.
-      const definition = /^(?!static\s+thread_local)[A-Za-z_][\w\s:*&<>]*?\b([A-Za-z_][\w:]*)\s*\([^;]*$/.exec(body);
+      const definition =
+        /^(?!static\s+thread_local)[A-Za-z_][\w\s:*&<>]*?\b([A-Za-z_][\w:]*)\s*\([^;]*$/.exec(body);
       if (definition) {
         functions.add(definition[1]!);
         inNew = true;
