@@ -1,7 +1,7 @@
 import { stat } from 'node:fs/promises';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
-import { readGguf } from '@hydra-engine/resolver';
+import { modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
 import { type Decision, DeferralPolicy, type PlanResult, plan } from '@hydra-engine/tiering';
 import type { Engine, ExpertMode } from '../engine.js';
 import { HydraError } from '../errors.js';
@@ -167,7 +167,7 @@ export class Controller {
    * failed load is this request's error) or deferred.
    */
   async configure(delta: unknown): Promise<ConfigureReply> {
-    const r = plan(this.#policy.target, delta);
+    const r = plan(this.#policy.target, await this.#expandCombine(delta));
     await this.#precheck(r);
     const decision = this.#policy.submit(r, performance.now());
     const done = this.#carry(decision);
@@ -180,6 +180,37 @@ export class Controller {
     };
     if (r.stateChunkSizeApplied !== undefined) reply.state_chunk_size_applied = r.stateChunkSizeApplied;
     return reply;
+  }
+
+  /**
+   * The minimal COMBINE request of the v4 design, `{model, mode: "solo"|"combine", peer?}`, becomes
+   * the stock parameters of the resolver's unified table for the model's class (read from its
+   * GGUF); keys the request also names win. Without `mode` the delta passes unchanged.
+   */
+  async #expandCombine(delta: unknown): Promise<unknown> {
+    if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !('mode' in delta)) return delta;
+    const { mode, peer, ...rest } = delta as Record<string, unknown>;
+    if (typeof rest.model !== 'string' || rest.model === '') {
+      throw badValue('"mode" needs "model" (a path or registry alias) in the same request', 'model');
+    }
+    if (peer !== undefined && typeof peer !== 'string') throw badValue('peer must be "host:port"', 'peer');
+    const path = await this.resolveModel(rest.model);
+    const src = await fileSource(path);
+    let modelClass: 'moe' | 'dense';
+    try {
+      modelClass = modelClassOf(await readGguf(src));
+    } finally {
+      await src.close();
+    }
+    const resolved: Record<string, unknown> = {
+      ...resolveCombine({ model: rest.model, mode: mode as 'solo' | 'combine', peer, registry: this.#registry, modelClass }),
+    };
+    // Leaving COMBINE must also drop the peer and its split, or the old ones would stay applied.
+    if (mode === 'solo') {
+      resolved.rpc_servers ??= [];
+      resolved.tensor_split ??= [];
+    }
+    return { ...resolved, ...rest };
   }
 
   /** Resolves once nothing is deferred and no rebuild is running. */
