@@ -6,6 +6,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml-rpc.h"
+#include "llama-ext.h"  // llama_get_memory_breakdown: what llama.cpp allocated, per buffer type
 
 #include <algorithm>
 
@@ -721,6 +722,23 @@ static Napi::Value context_info(const Napi::CallbackInfo & info) {
     return out;
 }
 
+// contextMemory(ctx) -> [{bufferType, model, context, compute}] in bytes, as llama.cpp allocated them
+static Napi::Value context_memory(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    Napi::Array out = Napi::Array::New(env);
+    uint32_t i = 0;
+    for (const auto & [buft, mb] : llama_get_memory_breakdown(c->ctx)) {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("bufferType", ggml_backend_buft_name(buft));
+        o.Set("model", Napi::Number::New(env, (double) mb.model));
+        o.Set("context", Napi::Number::New(env, (double) mb.context));
+        o.Set("compute", Napi::Number::New(env, (double) mb.compute));
+        out.Set(i++, o);
+    }
+    return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // samplers: a chain per sequence, in the order common_sampler uses
 
@@ -1110,6 +1128,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("contextCreate", Napi::Function::New(env, context_create));
     exports.Set("contextFree", Napi::Function::New(env, context_free));
     exports.Set("contextInfo", Napi::Function::New(env, context_info));
+    exports.Set("contextMemory", Napi::Function::New(env, context_memory));
     exports.Set("samplerCreate", Napi::Function::New(env, sampler_create));
     exports.Set("samplerFree", Napi::Function::New(env, sampler_free));
     exports.Set("samplerAccept", Napi::Function::New(env, sampler_accept));

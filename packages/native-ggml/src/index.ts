@@ -395,6 +395,11 @@ export class Context {
     return this.#binding.contextInfo(this.#h());
   }
 
+  /** Bytes llama.cpp allocated per buffer type: weights (`model`), KV cache (`context`), `compute`. */
+  memory(): { bufferType: string; model: number; context: number; compute: number }[] {
+    return this.#binding.contextMemory(this.#h());
+  }
+
   /**
    * One decode step for every listed sequence: a single native call that evaluates all tokens
    * (prompt chunks included, split by n_batch) and samples each sequence that has a sampler.
