@@ -28,6 +28,11 @@ async function loadNative(): Promise<NativeGgml | undefined> {
 
 const native = await loadNative();
 const nativeAvailable = native !== undefined;
+// native-ggml is a devDependency, so turbo builds it before these tests; in CI its absence is a
+// failure, not a skip.
+if (!nativeAvailable && process.env.CI) {
+  throw new Error('the native-ggml addon is not built: the merged port cannot be tested end to end');
+}
 
 // ggml-RPC protocol 6 HELLO: cmd u8, size u64 = 24, 24 request bytes; reply size u64 = 28, then
 // major, minor, patch first.
