@@ -247,7 +247,7 @@ async function helloLatency(port, n = 300) {
   return out.slice(20);
 }
 
-async function startStock(devices = 'CUDA0') {
+async function startStock(devices = args['stock-devices'] ?? 'CUDA0') {
   const port = await freePort();
   const child = spawn(join(bin, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port), '-d', devices], {
     stdio: 'ignore',
