@@ -1,6 +1,7 @@
 // Writes benchmarks/dist/gpu/ (git-ignored, outside biome's reach): the GPU benchmark and the engine as CommonJS bundles
 // that need neither node_modules nor a build on the device machine, only a node binary.
 //   run.cjs             benchmarks/gpu/run.mjs with hydra-rpc, native-ggml/synth and the schema
+//   native-port.cjs     benchmarks/gpu/native-port.mjs: the native boundary and merged port vs upstream
 //   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
 //   piscina-worker.cjs  piscina's worker (the merged port's pool), under the name the bundle asks for
 //   rpc-worker.js       native-ggml's ggml-RPC worker, where the bundled wrapper looks for it
@@ -49,6 +50,11 @@ await build({
   entryPoints: [join(here, 'run.mjs')],
   outfile: join(out, 'run.cjs'),
   plugins: [renamePiscinaWorker],
+});
+await build({
+  ...common,
+  entryPoints: [join(here, 'native-port.mjs')],
+  outfile: join(out, 'native-port.cjs'),
 });
 await build({
   ...common,

@@ -4,12 +4,15 @@
 //   one stream through the engine's HTTP API           vs  llama-bench tg128
 //   ggml-RPC HELLO connect-to-reply through our port  vs  stock ggml-rpc-server
 //   llama-bench --rpc through our port                 vs  through stock ggml-rpc-server
-// Usage: node bench.cjs --models DIR --out FILE [--only native,http,hello,rpc] [--shapes 8b,27b]
+// Usage (after build.sh; bundle.mjs makes dist/gpu/native-port.cjs):
+//   node benchmarks/dist/gpu/native-port.cjs --models DIR --out FILE [--only native,http,hello,rpc]
+//        [--shapes 8b,27b] [--bin packages/native-ggml/build-cuda/bin] [--stock-devices CUDA0]
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { cpus, hostname, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
 
@@ -21,7 +24,8 @@ const only = new Set((args.only ?? 'native,http,hello,rpc').split(','));
 const shapes = (args.shapes ?? '8b').split(',');
 const modelsDir = args.models ?? '/tmp/hydra-models';
 const bin = args.bin ?? 'packages/native-ggml/build-cuda/bin';
-const jsDir = args.js ?? '.carry/js';
+// The engine's bundle (cli.cjs) sits beside this one in benchmarks/dist/gpu/.
+const jsDir = args.js ?? fileURLToPath(new URL('.', import.meta.url));
 const started = Date.now();
 const log = (...m) => console.error(`[bench ${((Date.now() - started) / 1000).toFixed(0)}s]`, ...m);
 
