@@ -291,7 +291,7 @@ async function main() {
     },
     figures,
     notes: {
-      command: `node .carry/js/bench.cjs ${process.argv.slice(2).join(' ')}`,
+      command: `node benchmarks/dist/gpu/native-port.cjs ${process.argv.slice(2).join(' ')}`,
       systemInfo: info.systemInfo,
     },
   };
