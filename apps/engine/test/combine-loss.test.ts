@@ -100,7 +100,9 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
 
     let health: { status: string; state: string; degraded?: { reason: string; since: string } } | undefined;
     await waitFor(async () => {
-      const now = await fetch(`${head.url}/health`).then((r) => r.json() as Promise<NonNullable<typeof health>>);
+      const now = await fetch(`${head.url}/health`).then(
+        (r) => r.json() as Promise<NonNullable<typeof health>>,
+      );
       health = now;
       return now.state === 'ready' && now.status === 'degraded';
     }, 10_000);

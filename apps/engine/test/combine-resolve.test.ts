@@ -57,17 +57,25 @@ it('{model, mode: "combine", peer} loads the dense row of the table; {mode: "sol
   const st = (await client.status()) as { state: string; mode: string; applied: Record<string, unknown> };
   expect(st.state).toBe('ready');
   expect(st.mode).toBe('combined');
-  expect((await complete(engine.url, { prompt: 'Hello world', max_tokens: 4, temperature: 0 })).status).toBe(200);
+  expect((await complete(engine.url, { prompt: 'Hello world', max_tokens: 4, temperature: 0 })).status).toBe(
+    200,
+  );
 
-  const solo = (await client.configure({ model: 'tiny', mode: 'solo' })) as { params_applied: Record<string, unknown> };
+  const solo = (await client.configure({ model: 'tiny', mode: 'solo' })) as {
+    params_applied: Record<string, unknown>;
+  };
   expect(solo.params_applied).toMatchObject({ split_mode: 'none', rpc_servers: [] });
   expect(((await client.status()) as { mode: string }).mode).toBe('solo');
 }, 90_000);
 
 it('rejects a COMBINE without a peer, or a mode without a model, and changes nothing', async () => {
   const before = ((await client.status()) as { epoch: number }).epoch;
-  await expect(client.configure({ model: 'tiny', mode: 'combine' })).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
+  await expect(client.configure({ model: 'tiny', mode: 'combine' })).rejects.toMatchObject({
+    code: 'HYDRA_ERR_BAD_VALUE',
+  });
   await expect(client.configure({ mode: 'solo' })).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
-  await expect(client.configure({ model: 'tiny', mode: 'sideways' })).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
+  await expect(client.configure({ model: 'tiny', mode: 'sideways' })).rejects.toMatchObject({
+    code: 'HYDRA_ERR_BAD_VALUE',
+  });
   expect(((await client.status()) as { epoch: number }).epoch).toBe(before);
 });

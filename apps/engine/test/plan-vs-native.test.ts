@@ -1,7 +1,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Model, initBackend } from '@hydra-engine/native-ggml';
+import { initBackend, Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { modelFactsFromGguf, planSplit, readGguf } from '@hydra-engine/resolver';
 import { beforeAll, describe, expect, it } from 'vitest';

@@ -152,7 +152,9 @@ export interface NativeBinding {
     nUbatch: number;
     nSeqMax: number;
   };
-  contextMemory(ctx: ContextHandle): { bufferType: string; model: number; context: number; compute: number }[];
+  contextMemory(
+    ctx: ContextHandle,
+  ): { bufferType: string; model: number; context: number; compute: number }[];
   samplerCreate(model: ModelHandle, params: NativeSamplerParams): SamplerHandle;
   samplerFree(sampler: SamplerHandle): void;
   samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;

@@ -188,7 +188,8 @@ export class Controller {
    * GGUF); keys the request also names win. Without `mode` the delta passes unchanged.
    */
   async #expandCombine(delta: unknown): Promise<unknown> {
-    if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !('mode' in delta)) return delta;
+    if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !('mode' in delta))
+      return delta;
     const { mode, peer, ...rest } = delta as Record<string, unknown>;
     if (typeof rest.model !== 'string' || rest.model === '') {
       throw badValue('"mode" needs "model" (a path or registry alias) in the same request', 'model');
@@ -203,7 +204,13 @@ export class Controller {
       await src.close();
     }
     const resolved: Record<string, unknown> = {
-      ...resolveCombine({ model: rest.model, mode: mode as 'solo' | 'combine', peer, registry: this.#registry, modelClass }),
+      ...resolveCombine({
+        model: rest.model,
+        mode: mode as 'solo' | 'combine',
+        peer,
+        registry: this.#registry,
+        modelClass,
+      }),
     };
     // Leaving COMBINE must also drop the peer and its split, or the old ones would stay applied.
     if (mode === 'solo') {
