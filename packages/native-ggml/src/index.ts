@@ -1,4 +1,5 @@
 import { connect } from 'node:net';
+import { availableParallelism } from 'node:os';
 import { HydraError, isHydraError } from '@hydra-engine/errors';
 import {
   addonCandidates,
@@ -189,6 +190,16 @@ export function parseOverride(spec: string): { pattern: string; bufferType: stri
   return { pattern: spec.slice(0, at), bufferType: spec.slice(at + 1) };
 }
 
+/**
+ * llama.cpp's own default is one thread per physical core (`cpu_get_num_math`); with SMT that is
+ * half the logical CPUs. Every logical CPU spinning in ggml's thread pool also starves the thread
+ * that feeds the GPU when layers are offloaded.
+ */
+function defaultThreads(): number {
+  const logical = availableParallelism();
+  return logical >= 4 ? Math.floor(logical / 2) : logical;
+}
+
 /** Parameters of {@link Model.load}: the load-time (T3) llama.cpp parameters. */
 export interface ModelLoadParams extends Omit<NativeModelParams, 'overrides'> {
   /** llama.cpp `-ot` strings, `<regex>=<buffer type>`. */
@@ -294,8 +305,16 @@ export class Model {
 
   /** Creates a context with the context-time (T2) parameters, off the JS thread. */
   async createContext(params: NativeContextParams = {}): Promise<Context> {
+    const threads = defaultThreads();
+    // Callers pass unset options as undefined; those must not hide the defaults.
+    const given = Object.fromEntries(Object.entries(params).filter(([, v]) => v !== undefined));
     const handle = await callAsync(() =>
-      this.#binding.contextCreate(this.#h(), { backendSampling: this.#offloaded, ...params }),
+      this.#binding.contextCreate(this.#h(), {
+        backendSampling: this.#offloaded,
+        nThreads: threads,
+        nThreadsBatch: threads,
+        ...given,
+      }),
     );
     const ctx = new Context(this.#binding, handle, this, () => this.#contexts.delete(ctx));
     this.#contexts.add(ctx);
