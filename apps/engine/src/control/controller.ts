@@ -90,6 +90,7 @@ export async function shapeOf(
 export class Controller {
   readonly engine: Engine;
   readonly #registry: ModelRegistry | undefined;
+  #lastTick = 0;
   readonly #drainTimeoutMs: number;
   readonly #probe: (endpoint: string) => Promise<unknown>;
   #policy: DeferralPolicy;
@@ -120,8 +121,16 @@ export class Controller {
       this.#policy = this.#freshPolicy();
     });
     engine.onSlotsChanged((busy) => {
-      // A failed deferred rebuild was already rolled back; its error has no caller to reach.
-      this.#carry(this.#policy.setBusySlots(busy, performance.now())).catch(() => undefined);
+      // Called from inside the decode loop: a policy error must not unwind into it. A failed
+      // deferred rebuild was already rolled back; its error has no caller to reach.
+      let decision: Decision;
+      try {
+        decision = this.#policy.setBusySlots(busy, this.#clock());
+      } catch (err) {
+        process.emitWarning(`hydra: deferral policy rejected a slot event: ${(err as Error).message}`);
+        return;
+      }
+      this.#carry(decision).catch(() => undefined);
     });
   }
 
@@ -130,7 +139,7 @@ export class Controller {
       drainTimeoutMs: this.#drainTimeoutMs,
       applied: this.engine.layers.effective(),
     });
-    p.setBusySlots(this.engine.slots.busy, performance.now());
+    p.setBusySlots(this.engine.slots.busy, this.#clock());
     return p;
   }
 
@@ -169,7 +178,7 @@ export class Controller {
   async configure(delta: unknown): Promise<ConfigureReply> {
     const r = plan(this.#policy.target, await this.#expandCombine(delta));
     await this.#precheck(r);
-    const decision = this.#policy.submit(r, performance.now());
+    const decision = this.#policy.submit(r, this.#clock());
     const done = this.#carry(decision);
     await done;
     const reply: ConfigureReply = {
@@ -342,6 +351,16 @@ export class Controller {
     await this.engine.reconfigure(rebuild);
   }
 
+  /**
+   * The policy's clock: performance.now(), but never below what the policy already saw. A drain
+   * timer may fire a fraction of a millisecond before its deadline and is then reported as the
+   * deadline itself; a slot event right after must not look like time going back.
+   */
+  #clock(atLeast = 0): number {
+    this.#lastTick = Math.max(this.#lastTick, atLeast, performance.now());
+    return this.#lastTick;
+  }
+
   #arm(): void {
     clearTimeout(this.#timer);
     this.#timer = undefined;
@@ -350,7 +369,7 @@ export class Controller {
     this.#timer = setTimeout(
       () => {
         this.#timer = undefined;
-        this.#carry(this.#policy.tick(Math.max(performance.now(), deadline))).catch(() => undefined);
+        this.#carry(this.#policy.tick(this.#clock(deadline))).catch(() => undefined);
       },
       Math.max(0, deadline - performance.now()),
     );
