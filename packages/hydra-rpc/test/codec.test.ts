@@ -37,9 +37,11 @@ describe('payload codec', () => {
   });
 
   it('round-trips MessagePack maps, bytes included', () => {
-    const withBytes = fc.dictionary(key, fc.oneof(fc.jsonValue(), fc.uint8Array({ maxLength: 64 })), {
-      maxKeys: 8,
-    });
+    // msgpackr renames `__proto__` keys on decode (its prototype-pollution guard; see README), so
+    // values holding one do not round-trip by design.
+    const withBytes = fc
+      .dictionary(key, fc.oneof(fc.jsonValue(), fc.uint8Array({ maxLength: 64 })), { maxKeys: 8 })
+      .filter((v) => !JSON.stringify(v).includes('"__proto__"'));
     fc.assert(
       fc.property(withBytes, (value) => {
         const bytes = encodePayload(value, 'msgpack');
