@@ -271,7 +271,11 @@ describe('reconfigure under load', () => {
     // only documented refusals: a model reload answers 503 LOADING, a rebuild may answer DRAINING
     for (const k of Object.keys(load.stats.refused)) expect(k).toMatch(/^503 HYDRA_ERR_(LOADING|DRAINING)$/);
     // The last valid request may have been a T3 whose reload is still finishing.
-    await waitFor(async () => (await health(eng.url)).state === 'ready', 30_000, 'ready after the last reload');
+    await waitFor(
+      async () => (await health(eng.url)).state === 'ready',
+      30_000,
+      'ready after the last reload',
+    );
     await main.close();
     await side.close();
   }, 240_000);
