@@ -6,10 +6,11 @@
 //   piscina-worker.cjs  piscina's worker (the merged port's pool), under the name the bundle asks for
 //   rpc-worker.js       native-ggml's ggml-RPC worker, where the bundled wrapper looks for it
 // Run after `pnpm build` (it bundles the tsc output).
-import { mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
+import { commonOptions, renamePiscinaWorker } from '../../apps/engine/scripts/bundle-options.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..', '..');
@@ -24,26 +25,7 @@ mkdirSync(out, { recursive: true });
 // .js files here are CommonJS whatever benchmarks/package.json says.
 writeFileSync(join(out, 'package.json'), '{ "type": "commonjs" }\n');
 
-// import.meta.url has no meaning in a CommonJS bundle: each bundle gets its own file's URL.
-const common = {
-  bundle: true,
-  platform: 'node',
-  target: 'node20',
-  format: 'cjs',
-  define: { 'import.meta.url': '__hydra_meta_url' },
-  external: ['msgpackr-extract', '@napi-rs/nice'],
-  logLevel: 'warning',
-  banner: { js: 'var __hydra_meta_url = require("node:url").pathToFileURL(__filename).href;' },
-};
-const renamePiscinaWorker = {
-  name: 'piscina-worker-name',
-  setup(b) {
-    b.onLoad({ filter: /piscina[\\/]dist[\\/]index\.js$/ }, (args) => ({
-      contents: readFileSync(args.path, 'utf8').replace("'worker.js'", "'piscina-worker.cjs'"),
-      loader: 'js',
-    }));
-  },
-};
+const common = commonOptions;
 
 await build({
   ...common,

@@ -8,7 +8,6 @@ import {
   existsSync,
   mkdirSync,
   readdirSync,
-  readFileSync,
   realpathSync,
   rmSync,
   statSync,
@@ -17,6 +16,7 @@ import {
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
+import { commonOptions, renamePiscinaWorker } from './bundle-options.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const dist = join(root, 'dist');
@@ -33,30 +33,8 @@ if (!addonDir) {
 rmSync(work, { recursive: true, force: true });
 mkdirSync(work, { recursive: true });
 
-// import.meta.url has no meaning in a CommonJS bundle: give each bundle its own file's URL.
-const banner = {
-  js: 'var __hydra_meta_url = require("node:url").pathToFileURL(typeof __filename === "string" && __filename ? __filename : process.execPath).href;',
-};
-const common = {
-  bundle: true,
-  platform: 'node',
-  target: 'node20',
-  format: 'cjs',
-  define: { 'import.meta.url': '__hydra_meta_url' },
-  external: ['msgpackr-extract', '@napi-rs/nice'],
-  logLevel: 'warning',
-  banner,
-};
-// piscina finds its worker as __dirname/worker.js; beside the binary it is piscina-worker.cjs.
-const renamePiscinaWorker = {
-  name: 'piscina-worker-name',
-  setup(b) {
-    b.onLoad({ filter: /piscina[\\/]dist[\\/]index\.js$/ }, (args) => ({
-      contents: readFileSync(args.path, 'utf8').replace("'worker.js'", "'piscina-worker.cjs'"),
-      loader: 'js',
-    }));
-  },
-};
+const common = commonOptions;
+const banner = commonOptions.banner;
 await build({
   ...common,
   entryPoints: [join(dist, 'cli.js')],
