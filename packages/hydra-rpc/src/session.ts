@@ -16,9 +16,6 @@ import type { Logger } from './logger.js';
 import { BINARY_FIELDS, isHydraOpcode, type OpcodeName, opcodeName } from './opcodes.js';
 import type { WireError } from './types.js';
 
-/** How long a closing session keeps reading after its FIN (see #end). */
-const LINGER_MS = 250;
-
 /** What a handler learns about the request besides its payload. */
 export interface HandlerContext {
   opcode: number;
@@ -168,14 +165,7 @@ export class HydraSession {
   #end(): void {
     if (this.#socket.destroyed) return;
     this.#socket.end();
-    // Lingering close: keep reading (and ignoring) what the client still sends for a moment. Closing
-    // with unread bytes makes the kernel answer with RST, which throws away the replies still on
-    // their way to the client.
-    this.#socket.resume();
-    const linger = setTimeout(() => this.#socket.destroy(), LINGER_MS);
-    linger.unref();
-    this.#socket.once('end', () => this.#socket.destroy());
-    this.#socket.once('close', () => clearTimeout(linger));
+    this.#socket.once('finish', () => this.#socket.destroy());
   }
 
   async #process(): Promise<void> {
