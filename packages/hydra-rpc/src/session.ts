@@ -16,6 +16,9 @@ import type { Logger } from './logger.js';
 import { BINARY_FIELDS, isHydraOpcode, type OpcodeName, opcodeName } from './opcodes.js';
 import type { WireError } from './types.js';
 
+/** How long a session closed for a protocol error keeps reading after its FIN (see #end). */
+const LINGER_MS = 250;
+
 /** What a handler learns about the request besides its payload. */
 export interface HandlerContext {
   opcode: number;
@@ -162,10 +165,24 @@ export class HydraSession {
     this.#socket.pause();
   }
 
-  #end(): void {
+  /**
+   * Sends FIN once the replies already written are flushed. After a protocol error the client may
+   * still have bytes in flight: closing with unread bytes makes the kernel answer RST, which throws
+   * away the replies still on their way. So that close lingers, reading and dropping input for a
+   * moment. A drain (shutdown) never lingers: the server is going away and must not wait on peers.
+   */
+  #end(linger = false): void {
     if (this.#socket.destroyed) return;
     this.#socket.end();
-    this.#socket.once('finish', () => this.#socket.destroy());
+    if (!linger) {
+      this.#socket.once('finish', () => this.#socket.destroy());
+      return;
+    }
+    this.#socket.resume();
+    const timer = setTimeout(() => this.#socket.destroy(), LINGER_MS);
+    timer.unref();
+    this.#socket.once('end', () => this.#socket.destroy());
+    this.#socket.once('close', () => clearTimeout(timer));
   }
 
   async #process(): Promise<void> {
@@ -176,7 +193,7 @@ export class HydraSession {
         const work = this.#work.shift()!;
         if (work.kind === 'close') {
           // No reply to the bad frame; replies already written still go out before the FIN.
-          this.#end();
+          this.#end(true);
           return;
         }
         if (work.kind === 'too-large') {
@@ -186,7 +203,7 @@ export class HydraSession {
             { details: { limit: this.#config.maxFrameBytes } },
           );
           await this.#write(this.#errorFrame(work.opcode, 'json', error));
-          this.#end();
+          this.#end(true);
           return;
         }
         await this.#write(await this.#answer(work.frame));
