@@ -83,6 +83,10 @@ static void model_destroy(hydra_model * m) {
 }
 
 static void context_destroy(hydra_context * c) {
+    c->runner.reset();  // lets queued work finish first
+    if (c->done) {
+        c->done.Release();
+    }
     if (c->ctx) {
         llama_batch_free(c->batch);
         llama_free(c->ctx);
@@ -94,6 +98,13 @@ static void context_destroy(hydra_context * c) {
         c->owner->n_contexts--;
     }
     delete c;
+}
+
+// Synchronous KV operations run on the JS thread: never while the runner may be decoding.
+static void context_check_idle(Napi::Env env, hydra_context * c) {
+    if (c->pending > 0 || c->busy.load()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy; await its pending operation first");
+    }
 }
 
 static void sampler_destroy(hydra_sampler * s) {
@@ -644,6 +655,9 @@ public:
         c->n_batch = (int32_t) llama_n_batch(ctx);
         c->backend_sampling = backend_sampling;
         c->batch = llama_batch_init(c->n_batch, 0, 1);
+        c->last_sampled.assign(llama_n_seq_max(ctx), -1);
+        c->done = Napi::ThreadSafeFunction::New(Env(), Napi::Function::New(Env(), [](const Napi::CallbackInfo &) {}), "hydra_decode_done", 0, 1);
+        c->done.Unref(Env());  // referenced only while steps are pending
         m->n_contexts++;
         deferred.Resolve(handle_make<hydra_context>(Env(), c, context_destroy));
     }
@@ -703,9 +717,7 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
 
 static Napi::Value context_free(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
-    if (c->busy.load()) {
-        hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "context is busy; await its pending operation first");
-    }
+    context_check_idle(info.Env(), c);
     handle_clear<hydra_context>(info[0]);
     context_destroy(c);
     return info.Env().Undefined();
@@ -819,7 +831,8 @@ static Napi::Value sampler_accept(const Napi::CallbackInfo & info) {
 struct decode_entry {
     llama_seq_id seq;
     llama_pos pos;
-    std::vector<llama_token> tokens;
+    std::vector<llama_token> tokens;  // empty when `follow`
+    bool follow = false;              // feed the token this sequence sampled at its previous step
     llama_sampler * sampler;  // may be null: no sampling
     uint64_t sampler_id = 0;
     std::string signature;
@@ -828,14 +841,36 @@ struct decode_entry {
     std::vector<float> logits;
 };
 
-class decode_worker : public Napi::AsyncWorker {
+// One decode step, queued on the context's runner from the JS thread at call time (so steps run in
+// call order, back to back) and handed back to the JS thread through the context's `done` function.
+class decode_job {
 public:
-    decode_worker(Napi::Env env, hydra_context * c, std::vector<decode_entry> entries, std::vector<Napi::Reference<Napi::Value>> refs)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), c(c), entries(std::move(entries)), refs(std::move(refs)) {}
+    decode_job(Napi::Env env, hydra_context * c, std::vector<decode_entry> entries, std::vector<Napi::Reference<Napi::Value>> refs)
+        : deferred(Napi::Promise::Deferred::New(env)), c(c), entries(std::move(entries)), refs(std::move(refs)) {}
     Napi::Promise promise() { return deferred.Promise(); }
 
-    void Execute() override {
-        c->runner->run([this] { step(); });
+    // Runner thread.
+    void execute() {
+        step();
+        // A sequence whose step failed has nothing to follow: a queued `follow` step fails clearly
+        // instead of feeding a stale token.
+        for (const decode_entry & e : entries) {
+            c->last_sampled[e.seq] = failed.empty() ? e.sampled : -1;
+        }
+    }
+
+    void SetError(const std::string & message) { failed = message; }
+    hydra_context * c_ptr() const { return c; }
+
+    // JS thread.
+    void settle(Napi::Env env) {
+        if (failed.empty()) {
+            OnOK(env);
+        } else {
+            Napi::Error err = hydra_error_make(env, HYDRA_ERR_DECODE_FAILED, failed);
+            err.Set("status", Napi::Number::New(env, status));
+            deferred.Reject(err.Value());
+        }
     }
 
     // Attaches each entry's chain (as a context-owned clone) for on-device sampling, so a step
@@ -880,6 +915,17 @@ public:
     }
 
     void step() {
+        for (decode_entry & e : entries) {
+            if (!e.follow) {
+                continue;
+            }
+            llama_token t = c->last_sampled[e.seq];
+            if (t < 0) {
+                SetError("seq " + std::to_string(e.seq) + " has no sampled token to follow: its previous step failed or sampled nothing");
+                return;
+            }
+            e.tokens.assign(1, t);
+        }
         attach_samplers();
         llama_batch & batch = c->batch;
         const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(c->owner->model));
@@ -940,9 +986,8 @@ public:
         // only done when its work is.
         llama_synchronize(c->ctx);
     }
-    void OnOK() override {
-        c->busy = false;
-        Napi::Env env = Env();
+private:
+    void OnOK(Napi::Env env) {
         Napi::Int32Array tokens = Napi::Int32Array::New(env, entries.size());
         Napi::Array logits = Napi::Array::New(env);
         for (size_t i = 0; i < entries.size(); i++) {
@@ -960,26 +1005,33 @@ public:
         out.Set("logits", logits);
         deferred.Resolve(out);
     }
-    void OnError(const Napi::Error & e) override {
-        c->busy = false;
-        Napi::Error err = hydra_error_make(Env(), HYDRA_ERR_DECODE_FAILED, e.Message());
-        err.Set("status", Napi::Number::New(Env(), status));
-        deferred.Reject(err.Value());
-    }
 
-private:
     Napi::Promise::Deferred deferred;
     hydra_context * c;
     std::vector<decode_entry> entries;
     std::vector<Napi::Reference<Napi::Value>> refs;  // keep context and samplers alive
+    std::string failed;
     int32_t status = 0;
 };
 
+// An operation that needs the context alone: no other one running, no decode step queued.
 static void context_claim(Napi::Env env, hydra_context * c) {
     bool expected = false;
-    if (!c->busy.compare_exchange_strong(expected, true)) {
+    if (c->pending > 0 || !c->busy.compare_exchange_strong(expected, true)) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy with another operation");
     }
+}
+
+
+static void decode_settle(Napi::Env env, Napi::Function, decode_job * job) {
+    hydra_context * c = job->c_ptr();
+    if (env != nullptr) {
+        if (--c->pending == 0) {
+            c->done.Unref(env);
+        }
+        job->settle(env);
+    }
+    delete job;
 }
 
 // decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?}]) -> {tokens: Int32Array, logits}
@@ -999,11 +1051,15 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
         if (e.seq < 0 || (uint32_t) e.seq >= n_seq_max) {
             hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "seq " + std::to_string(e.seq) + " is outside 0.." + std::to_string(n_seq_max - 1));
         }
-        Napi::Int32Array t = o.Get("tokens").As<Napi::Int32Array>();
-        if (t.ElementLength() == 0) {
-            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry of decodeStep has no tokens");
+        e.follow = arg_bool(o, "follow", false);
+        if (!e.follow) {
+            Napi::Value tv = o.Get("tokens");
+            if (!tv.IsTypedArray() || tv.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array || tv.As<Napi::Int32Array>().ElementLength() == 0) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry of decodeStep has no tokens (an Int32Array, or follow: true)");
+            }
+            Napi::Int32Array t = tv.As<Napi::Int32Array>();
+            e.tokens.assign(t.Data(), t.Data() + t.ElementLength());
         }
-        e.tokens.assign(t.Data(), t.Data() + t.ElementLength());
         Napi::Value sv = o.Get("sampler");
         e.sampler = nullptr;
         if (!sv.IsUndefined() && !sv.IsNull()) {
@@ -1014,12 +1070,23 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
             refs.push_back(Napi::Persistent(sv));
         }
         e.want_logits = arg_bool(o, "logits", false);
+        if (e.follow && e.sampler == nullptr) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with follow: true needs a sampler (it feeds the sampled token)");
+        }
         entries.push_back(std::move(e));
     }
-    context_claim(env, c);
-    auto * w = new decode_worker(env, c, std::move(entries), std::move(refs));
-    Napi::Promise p = w->promise();
-    w->Queue();
+    if (c->busy.load()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy with another operation");
+    }
+    auto * job = new decode_job(env, c, std::move(entries), std::move(refs));
+    Napi::Promise p = job->promise();
+    if (c->pending++ == 0) {
+        c->done.Ref(env);
+    }
+    c->runner->post([c, job] {
+        job->execute();
+        c->done.BlockingCall(job, decode_settle);
+    });
     return p;
 }
 
@@ -1028,23 +1095,27 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
 
 static Napi::Value memory_seq_rm(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_check_idle(info.Env(), c);
     bool ok = llama_memory_seq_rm(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value(), info[2].ToNumber().Int32Value(), info[3].ToNumber().Int32Value());
     return Napi::Boolean::New(info.Env(), ok);
 }
 
 static Napi::Value memory_seq_cp(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_check_idle(info.Env(), c);
     llama_memory_seq_cp(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value(), info[2].ToNumber().Int32Value(), info[3].ToNumber().Int32Value(), info[4].ToNumber().Int32Value());
     return info.Env().Undefined();
 }
 
 static Napi::Value memory_seq_pos_max(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_check_idle(info.Env(), c);
     return Napi::Number::New(info.Env(), llama_memory_seq_pos_max(llama_get_memory(c->ctx), info[1].ToNumber().Int32Value()));
 }
 
 static Napi::Value memory_clear(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_check_idle(info.Env(), c);
     llama_memory_clear(llama_get_memory(c->ctx), true);
     return info.Env().Undefined();
 }

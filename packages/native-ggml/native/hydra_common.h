@@ -6,6 +6,7 @@
 #include <atomic>
 #include <stdexcept>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <thread>
 #include <memory>
@@ -54,36 +55,49 @@ public:
         wake.notify_all();
         thread.join();
     }
-    // Runs fn on the runner thread and waits for it (called from one libuv pool thread at a time).
+    // Queues fn behind what is already queued and returns at once. Tasks run one at a time in the
+    // order they were posted, which is what lets a caller queue the next decode step before the
+    // current one ends: the runner starts it the moment the GPU is done, with no round trip to JS.
+    void post(std::function<void()> fn) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            tasks.push_back(std::move(fn));
+        }
+        wake.notify_one();
+    }
+    // Runs fn on the runner thread, after what is already queued, and waits for it.
     void run(const std::function<void()> & fn) {
-        std::unique_lock<std::mutex> lock(mutex);
-        task = &fn;
-        finished = false;
-        wake.notify_all();
-        done.wait(lock, [this] { return finished; });
+        std::mutex m;
+        std::condition_variable cv;
+        bool finished = false;
+        post([&] {
+            fn();
+            std::lock_guard<std::mutex> lock(m);
+            finished = true;
+            cv.notify_all();
+        });
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return finished; });
     }
 
 private:
     void loop() {
         std::unique_lock<std::mutex> lock(mutex);
         while (true) {
-            wake.wait(lock, [this] { return stopping || task != nullptr; });
-            if (stopping) {
-                return;
+            wake.wait(lock, [this] { return stopping || !tasks.empty(); });
+            if (tasks.empty()) {
+                return;  // stopping, and nothing left to run
             }
-            const std::function<void()> * current = task;
+            std::function<void()> current = std::move(tasks.front());
+            tasks.pop_front();
             lock.unlock();
-            (*current)();
+            current();
             lock.lock();
-            task = nullptr;
-            finished = true;
-            done.notify_all();
         }
     }
     std::mutex mutex;
-    std::condition_variable wake, done;
-    const std::function<void()> * task = nullptr;
-    bool finished = false;
+    std::condition_variable wake;
+    std::deque<std::function<void()>> tasks;
     bool stopping = false;
     std::thread thread;
 };
@@ -101,14 +115,18 @@ struct hydra_attached {
     llama_sampler * clone = nullptr;
 };
 
-// A context and the scratch state one decode step needs. One async operation at a time (the JS
-// wrapper queues); `busy` turns a violation into a clear error instead of a data race.
+// A context and the scratch state one decode step needs. Decode steps may be queued back to back
+// (`pending`, JS thread only); any other async operation runs alone (`busy`): a violation is a clear
+// error instead of a data race.
 struct hydra_context {
     llama_context *   ctx = nullptr;
     hydra_model *     owner = nullptr;
     llama_batch       batch = {};
     int32_t           n_batch = 0;
     std::atomic<bool> busy{false};
+    int32_t           pending = 0;          // decode steps queued or running
+    Napi::ThreadSafeFunction done;          // hands finished steps back to the JS thread
+    std::vector<llama_token> last_sampled;  // per sequence, runner thread only: what `follow` feeds
     std::unique_ptr<hydra_runner> runner = std::make_unique<hydra_runner>();
     // Backend (on-device) sampling: the context owns a clone of each sequence's chain, because
     // llama.cpp keeps using attached samplers in later graph reservations, long after the JS sampler

@@ -101,7 +101,8 @@ export interface NativeSamplerParams {
 export interface NativeDecodeEntry {
   seq: number;
   pos: number;
-  tokens: Int32Array;
+  tokens?: Int32Array;
+  follow?: boolean;
   sampler?: SamplerHandle | null;
   logits?: boolean;
 }

@@ -373,24 +373,46 @@ export class Sampler {
 }
 
 /** One sequence's work in a {@link Context.decode} step. */
-export interface DecodeEntry {
+export type DecodeEntry = DecodeTokens | DecodeFollow;
+
+interface DecodeCommon {
   seq: number;
   /** Position of the first token. */
   pos: number;
-  tokens: Int32Array | number[];
   /** Sample the token after the last one with this chain. */
   sampler?: Sampler;
   /** Return the logits after the last token. */
   logits?: boolean;
 }
 
-/** A llama.cpp context. Operations run one at a time, in call order, off the JS thread. */
+/** Feeds the given tokens. */
+export interface DecodeTokens extends DecodeCommon {
+  tokens: Int32Array | number[];
+  follow?: false;
+}
+
+/**
+ * Feeds the one token this sequence sampled at its previous step, known only when that step ends.
+ * This lets a caller queue step k+1 before step k resolves, so the device starts it at once.
+ * Needs a sampler. If the previous step failed, this one fails too (`HYDRA_ERR_DECODE_FAILED`).
+ */
+export interface DecodeFollow extends DecodeCommon {
+  follow: true;
+  sampler: Sampler;
+}
+
+/**
+ * A llama.cpp context. Operations run one at a time, in call order, off the JS thread. Decode steps
+ * may be queued back to back (await neither): each starts the moment the one before ends.
+ */
 export class Context {
   readonly #binding: NativeBinding;
   #handle: ContextHandle | undefined;
   readonly model: Model;
   readonly #onDispose: () => void;
   #queue: Promise<unknown> = Promise.resolve();
+  /** Operations waiting in #queue behind an exclusive one; decode goes straight to native only at 0. */
+  #waiting = 0;
 
   constructor(binding: NativeBinding, handle: ContextHandle, model: Model, onDispose: () => void) {
     this.#binding = binding;
@@ -405,7 +427,12 @@ export class Context {
   }
 
   #enqueue<T>(op: () => Promise<T>): Promise<T> {
-    const run = this.#queue.then(op, op);
+    this.#waiting += 1;
+    const start = () => {
+      this.#waiting -= 1;
+      return op();
+    };
+    const run = this.#queue.then(start, start);
     this.#queue = run.catch(() => undefined);
     return run.catch(rethrow);
   }
@@ -428,11 +455,25 @@ export class Context {
     const native = entries.map((e) => ({
       seq: e.seq,
       pos: e.pos,
-      tokens: e.tokens instanceof Int32Array ? e.tokens : Int32Array.from(e.tokens),
+      ...(e.follow === true
+        ? { follow: true }
+        : { tokens: e.tokens instanceof Int32Array ? e.tokens : Int32Array.from(e.tokens) }),
       sampler: e.sampler ? e.sampler.handle : null,
       logits: e.logits ?? false,
     }));
-    return this.#enqueue(() => this.#binding.decodeStep(this.#h(), native));
+    const step = () => this.#binding.decodeStep(this.#h(), native);
+    // Behind an exclusive operation (state get/set): wait in line. Otherwise straight to the native
+    // runner, which keeps steps in call order and runs the next as soon as the current one ends.
+    if (this.#waiting > 0) return this.#enqueue(step);
+    let run: Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
+    try {
+      run = step();
+    } catch (err) {
+      return Promise.reject(err).catch(rethrow);
+    }
+    const tail = this.#queue;
+    this.#queue = Promise.all([tail, run.catch(() => undefined)]);
+    return run.catch(rethrow);
   }
 
   /** Removes positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end). */

@@ -146,3 +146,100 @@ describe('sequences and state', () => {
     expect(() => m.tokenize('x')).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_DISPOSED' }));
   });
 });
+
+describe('queued decode steps (follow)', () => {
+  let model: Model;
+  beforeAll(async () => {
+    initBackend();
+    model = await Model.load({ path: await tinyModel('q8_0') });
+    return () => model.dispose();
+  });
+
+  it('queues every step up front and gives the same tokens as awaiting each one', async () => {
+    const expected = await greedy(model, PROMPT, 12);
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    const tokens = model.tokenize(PROMPT);
+    // All 12 steps are issued before the first one has ended.
+    const steps = [ctx.decode([{ seq: 0, pos: 0, tokens, sampler }])];
+    for (let i = 1; i < 12; i++)
+      steps.push(ctx.decode([{ seq: 0, pos: tokens.length + i - 1, follow: true, sampler }]));
+    const out = (await Promise.all(steps)).map((r) => r.tokens[0]);
+    expect(out).toEqual(expected);
+    sampler.dispose();
+    await ctx.dispose();
+  });
+
+  it('mixes follow and explicit entries of several sequences in one step', async () => {
+    const prompts = ['Hello world', 'The quick brown fox'];
+    const alone = await Promise.all(prompts.map((p) => greedy(model, p, 5)));
+    const ctx = await model.createContext({ nCtx: 512, nBatch: 64, nSeqMax: 2 });
+    const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
+    const tokens = prompts.map((p) => model.tokenize(p));
+    const first = await ctx.decode(
+      prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })),
+    );
+    const outs = prompts.map((_, i) => [first.tokens[i]!]);
+    // seq 0 follows (two steps queued at once); seq 1 is fed explicitly one step behind.
+    const a = ctx.decode([
+      { seq: 0, pos: tokens[0]!.length, follow: true, sampler: samplers[0]! },
+      { seq: 1, pos: tokens[1]!.length, tokens: [outs[1]![0]!], sampler: samplers[1]! },
+    ]);
+    const b = ctx.decode([{ seq: 0, pos: tokens[0]!.length + 1, follow: true, sampler: samplers[0]! }]);
+    const [ra, rb] = await Promise.all([a, b]);
+    outs[0]!.push(ra.tokens[0]!, rb.tokens[0]!);
+    outs[1]!.push(ra.tokens[1]!);
+    expect(outs[0]).toEqual(alone[0]!.slice(0, 3));
+    expect(outs[1]).toEqual(alone[1]!.slice(0, 2));
+    for (const s of samplers) s.dispose();
+    await ctx.dispose();
+  });
+
+  it('fails a follow step whose previous step failed, and the context stays usable', async () => {
+    const ctx = await model.createContext({ nCtx: 64, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    // A token id outside the vocabulary: llama_decode rejects the batch.
+    const bad = ctx.decode([{ seq: 0, pos: 0, tokens: [5, model.info.nVocab + 5], sampler }]);
+    const next = ctx.decode([{ seq: 0, pos: 2, follow: true, sampler }]);
+    await expect(bad).rejects.toMatchObject({ code: 'HYDRA_ERR_DECODE_FAILED' });
+    await expect(next).rejects.toMatchObject({ code: 'HYDRA_ERR_DECODE_FAILED' });
+    ctx.clear();
+    const ok = await ctx.decode([{ seq: 0, pos: 0, tokens: model.tokenize(PROMPT), sampler }]);
+    expect(ok.tokens[0]).toBeGreaterThanOrEqual(0);
+    sampler.dispose();
+    await ctx.dispose();
+  });
+
+  it('rejects follow without a sampler, and KV edits while a step is queued', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    await expect(ctx.decode([{ seq: 0, pos: 0, follow: true } as never])).rejects.toMatchObject({
+      code: 'HYDRA_ERR_BAD_ARGUMENT',
+    });
+    const step = ctx.decode([{ seq: 0, pos: 0, tokens: model.tokenize(PROMPT), sampler }]);
+    expect(() => ctx.removeSequence(0)).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }));
+    await step;
+    expect(ctx.removeSequence(0)).toBe(true);
+    sampler.dispose();
+    await ctx.dispose();
+  });
+
+  it('keeps call order with a state save queued between steps', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    const tokens = model.tokenize(PROMPT);
+    const s1 = ctx.decode([{ seq: 0, pos: 0, tokens, sampler }]);
+    const state = ctx.getSequenceState(0);
+    const s2 = ctx.decode([{ seq: 0, pos: tokens.length, follow: true, sampler }]);
+    await s1;
+    // The save ran after step 1 and before step 2: it holds the prompt only.
+    const ctx2 = await model.createContext({ nCtx: 256, nBatch: 64 });
+    await ctx2.setSequenceState(0, await state);
+    expect(ctx2.sequenceEnd(0)).toBe(tokens.length - 1);
+    await s2;
+    expect(ctx.sequenceEnd(0)).toBe(tokens.length);
+    sampler.dispose();
+    await ctx.dispose();
+    await ctx2.dispose();
+  });
+});
