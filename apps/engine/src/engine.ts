@@ -73,6 +73,10 @@ export interface EngineCounters {
   generatedTokens: number;
   requests: Record<FinishReason | 'error', number>;
   decodeSteps: number;
+  /** Steps queued before the previous one ended (the pipelined loop, #chain). */
+  decodeStepsAhead: number;
+  /** Entries of steps queued ahead that were dropped: their request had ended meanwhile. */
+  decodeEntriesWasted: number;
   decodeSeconds: number;
   loadSeconds: number;
   rejectedQueueFull: number;
@@ -102,6 +106,13 @@ interface Job {
   text: string;
   sent: number;
   maxTokens: number;
+}
+
+/** One queued decode step: the jobs of its entries, in entry order. */
+interface Step {
+  jobs: Job[];
+  result: Promise<{ tokens: Int32Array }>;
+  queuedAt: number;
 }
 
 const RATE_WINDOW_MS = 10_000;
@@ -259,6 +270,12 @@ export class Engine {
   #failingOver = false;
   readonly #peerLostListeners: (() => void)[] = [];
   readonly #tasks: (() => Promise<void>)[] = [];
+  /** Decode steps queued or running; KV and sampler cleanups wait for 0 (#afterStep). */
+  #stepsInFlight = 0;
+  readonly #afterSteps: (() => void)[] = [];
+  #lastStepEnd = 0;
+  /** Queue the next decode step before the current one ends (#chain); HYDRA_PIPELINE=0 turns it off. */
+  readonly #pipeline = process.env.HYDRA_PIPELINE !== '0';
   readonly #slotListeners: ((busy: number) => void)[] = [];
   readonly #rate: { at: number; tokens: number }[] = [];
   readonly counters: EngineCounters = {
@@ -266,6 +283,8 @@ export class Engine {
     generatedTokens: 0,
     requests: { stop: 0, length: 0, cancelled: 0, error: 0 },
     decodeSteps: 0,
+    decodeStepsAhead: 0,
+    decodeEntriesWasted: 0,
     decodeSeconds: 0,
     loadSeconds: 0,
     rejectedQueueFull: 0,
@@ -575,6 +594,8 @@ export class Engine {
       this.#gen += 1;
       this.#running = false;
       this.#decodeSince = undefined;
+      this.#stepsInFlight = 0;
+      this.#afterSteps.length = 0;
       const err = new HydraError('HYDRA_ERR_PEER_LOST', `the request ended: ${reason}`, {
         details: { peers },
       });
@@ -821,47 +842,56 @@ export class Engine {
     if (this.#running) return;
     this.#running = true;
     const gen = this.#gen;
+    // A step already queued behind the current one (see #chain); it becomes the next current step.
+    let ahead: Step | undefined;
     try {
       for (;;) {
-        while (this.#tasks.length > 0) {
-          await this.#tasks.shift()!();
-          if (gen !== this.#gen) return;
-        }
-        if (!this.#ctx) break;
-        this.#admit();
-        const batch: Job[] = [];
-        const entries: DecodeEntry[] = [];
-        for (const job of this.#slots) {
-          if (!job) continue;
-          if (job.failure) {
-            this.#release(job, job.failure);
+        let step: Step;
+        if (ahead) {
+          step = ahead;
+          ahead = undefined;
+        } else {
+          while (this.#tasks.length > 0) {
+            await this.#tasks.shift()!();
+            if (gen !== this.#gen) return;
+          }
+          if (!this.#ctx) break;
+          this.#admit();
+          const jobs: Job[] = [];
+          const entries: DecodeEntry[] = [];
+          for (const job of this.#slots) {
+            if (!job) continue;
+            if (job.failure) {
+              this.#release(job, job.failure);
+              continue;
+            }
+            if (job.signal?.aborted) {
+              this.#release(job, 'cancelled');
+              continue;
+            }
+            jobs.push(job);
+            entries.push(
+              job.promptFed
+                ? { seq: job.slot, pos: job.pos, tokens: [job.last], sampler: job.sampler! }
+                : {
+                    seq: job.slot,
+                    pos: job.reuse,
+                    tokens: job.prompt.subarray(job.reuse),
+                    sampler: job.sampler!,
+                  },
+            );
+          }
+          if (entries.length === 0) {
+            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
             continue;
           }
-          if (job.signal?.aborted) {
-            this.#release(job, 'cancelled');
-            continue;
-          }
-          batch.push(job);
-          entries.push(
-            job.promptFed
-              ? { seq: job.slot, pos: job.pos, tokens: [job.last], sampler: job.sampler! }
-              : {
-                  seq: job.slot,
-                  pos: job.reuse,
-                  tokens: job.prompt.subarray(job.reuse),
-                  sampler: job.sampler!,
-                },
-          );
+          step = this.#decode(this.#ctx, jobs, entries);
         }
-        if (entries.length === 0) {
-          if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
-          continue;
-        }
-        const t0 = performance.now();
+        ahead = this.#chain(step);
         let out: { tokens: Int32Array };
-        this.#decodeSince = t0;
+        this.#decodeSince = Math.max(step.queuedAt, this.#lastStepEnd);
         try {
-          out = await this.#ctx.decode(entries);
+          out = await step.result;
         } catch (err) {
           if (gen !== this.#gen) return;
           this.#decodeSince = undefined;
@@ -870,20 +900,31 @@ export class Engine {
             `decode failed: ${(err as Error).message}`,
             { cause: err },
           );
-          for (const job of batch) this.#release(job, failure);
+          for (const job of step.jobs) if (this.#slots[job.slot] === job) this.#release(job, failure);
+          // The step queued behind it follows tokens that were never sampled: it fails too.
+          if (ahead) await ahead.result.catch(() => undefined);
+          ahead = undefined;
           continue;
         }
         if (gen !== this.#gen) return;
-        this.#decodeSince = undefined;
         const t1 = performance.now();
+        this.#decodeSince = ahead ? t1 : undefined;
         this.counters.decodeSteps += 1;
-        this.counters.decodeSeconds += (t1 - t0) / 1000;
-        this.#rate.push({ at: t1, tokens: batch.length });
-        for (let i = 0; i < batch.length; i++) {
-          const job = batch[i]!;
+        this.counters.decodeSeconds += (t1 - Math.max(step.queuedAt, this.#lastStepEnd)) / 1000;
+        this.#lastStepEnd = t1;
+        let served = 0;
+        for (let i = 0; i < step.jobs.length; i++) {
+          const job = step.jobs[i]!;
+          // A job that ended at the step before (stop, EOS) still had an entry in this one: dropped.
+          if (this.#slots[job.slot] !== job) {
+            this.counters.decodeEntriesWasted += 1;
+            continue;
+          }
+          served += 1;
           if (job.failure) this.#release(job, job.failure);
           else this.#advance(job, out.tokens[i]!);
         }
+        this.#rate.push({ at: t1, tokens: served });
       }
     } finally {
       if (gen === this.#gen) {
@@ -891,6 +932,47 @@ export class Engine {
         if (this.#slots.every((s) => !s)) for (const w of this.#idleWaiters.splice(0)) w();
       }
     }
+  }
+
+  #decode(ctx: Context, jobs: Job[], entries: DecodeEntry[]): Step {
+    this.#stepsInFlight += 1;
+    const gen = this.#gen;
+    const result = ctx.decode(entries);
+    const settled = (): void => {
+      // A step parked on a lost peer never settles; failOver starts the count again.
+      if (gen !== this.#gen) return;
+      this.#stepsInFlight -= 1;
+      if (this.#stepsInFlight === 0) for (const cleanup of this.#afterSteps.splice(0)) cleanup();
+    };
+    result.then(settled, settled);
+    return { jobs, result, queuedAt: performance.now() };
+  }
+
+  /**
+   * Queues the next step before `step` ends when its make-up is already known: every job goes on
+   * generating and nothing waits to be admitted or run between steps. Each entry feeds the token
+   * its sequence samples in `step` (`follow`), so the device starts the next step the moment the
+   * current one ends instead of waiting for the JS thread to see the result and answer. A job that
+   * stops early (EOS, a stop string, a cancel) wastes that one entry; its KV position is dropped.
+   */
+  #chain(step: Step): Step | undefined {
+    if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0) return undefined;
+    if (this.#queue.length > 0 && this.#held === 0 && this.#slots.some((s) => !s)) return undefined;
+    let active = 0;
+    for (const s of this.#slots) if (s) active += 1;
+    if (active !== step.jobs.length) return undefined;
+    const entries: DecodeEntry[] = [];
+    for (const job of step.jobs) {
+      if (this.#slots[job.slot] !== job || job.failure || job.signal?.aborted || !job.sampler)
+        return undefined;
+      // Tokens generated once `step` ends: one more than now.
+      if (job.generated.length + 1 >= job.maxTokens) return undefined;
+      const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
+      if (pos >= this.#nCtxSeq) return undefined;
+      entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler });
+    }
+    this.counters.decodeStepsAhead += 1;
+    return this.#decode(this.#ctx, step.jobs, entries);
   }
 
   #advance(job: Job, token: number): void {
@@ -982,19 +1064,38 @@ export class Engine {
         held.set(fed, job.prompt.length);
         this.#cache[job.slot] = held;
       } else {
-        this.#ctx?.removeSequence(job.slot);
+        const ctx = this.#ctx;
+        const slot = job.slot;
+        this.#afterStep(() => ctx?.removeSequence(slot));
         this.#cache[job.slot] = new Int32Array(0);
       }
       this.#slotsChanged();
     }
-    job.sampler?.dispose();
+    const sampler = job.sampler;
     job.sampler = undefined;
+    this.#afterStep(() => sampler?.dispose());
     if (outcome instanceof Error) {
       this.counters.requests.error += 1;
       job.reject(outcome);
     } else {
       this.#finish(job, outcome);
     }
+  }
+
+  /**
+   * Runs `cleanup` now, or once no decode step is queued: a step queued ahead may still read this
+   * slot's KV and sampler (see #chain). Cleanups of a context that was replaced meanwhile are moot.
+   */
+  #afterStep(cleanup: () => void): void {
+    const run = (): void => {
+      try {
+        cleanup();
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'HYDRA_ERR_DISPOSED') throw err;
+      }
+    };
+    if (this.#stepsInFlight > 0) this.#afterSteps.push(run);
+    else run();
   }
 
   #finish(job: Job, reason: FinishReason): void {

@@ -31,6 +31,18 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
       'native decode calls (one per step for all slots)',
       c.decodeSteps,
     ],
+    [
+      'hydra_decode_steps_ahead_total',
+      'counter',
+      'decode steps queued before the previous one ended (pipelined loop)',
+      c.decodeStepsAhead,
+    ],
+    [
+      'hydra_decode_entries_wasted_total',
+      'counter',
+      'entries of steps queued ahead whose request had ended (one token of compute each)',
+      c.decodeEntriesWasted,
+    ],
     ['hydra_decode_seconds_total', 'counter', 'time spent in native decode', c.decodeSeconds],
     ['hydra_queue_depth', 'gauge', 'requests waiting for a slot', engine.queueDepth],
     ['hydra_slots_total', 'gauge', 'slots (n_parallel)', engine.slots.total],

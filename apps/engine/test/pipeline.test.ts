@@ -1,0 +1,131 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { engineWith, tinyModel, waitFor } from './helpers.js';
+
+// The decode loop queues step k+1 before step k ends (Engine #chain). Whatever ends a request early
+// (a stop string, max_tokens, a cancel) leaves one wasted entry in the step queued ahead; these
+// tests hold the pipelined engine to the unpipelined one's exact output and KV state.
+type Eng = Awaited<ReturnType<typeof engineWith>>;
+let model: string;
+let piped: Eng;
+let plain: Eng;
+
+beforeAll(async () => {
+  model = await tinyModel();
+  const flags = ['-m', model, '-np', '2', '-c', '2048'];
+  piped = await engineWith(flags);
+  const saved = process.env.HYDRA_PIPELINE;
+  process.env.HYDRA_PIPELINE = '0';
+  try {
+    plain = await engineWith(flags);
+  } finally {
+    if (saved === undefined) delete process.env.HYDRA_PIPELINE;
+    else process.env.HYDRA_PIPELINE = saved;
+  }
+}, 60_000);
+afterAll(async () => {
+  await piped?.close();
+  await plain?.close();
+});
+
+interface Completion {
+  text: string;
+  finish: string;
+  completion: number;
+  cached: number;
+}
+
+async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
+  const res = await fetch(`${eng.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ temperature: 0, ...body }),
+  });
+  expect(res.status).toBe(200);
+  const json = (await res.json()) as {
+    choices: { text: string; finish_reason: string }[];
+    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+  };
+  return {
+    text: json.choices[0]!.text,
+    finish: json.choices[0]!.finish_reason,
+    completion: json.usage.completion_tokens,
+    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
+  };
+}
+
+async function metric(eng: Eng, name: string): Promise<number> {
+  const text = await (await fetch(`${eng.url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+  if (!m) throw new Error(`${name} not in /metrics`);
+  return Number(m[1]);
+}
+
+describe('pipelined decode loop', () => {
+  it('queues steps ahead only when pipelined (HYDRA_PIPELINE=0 turns it off)', async () => {
+    const body = { prompt: 'the long day', max_tokens: 8, ignore_eos: true };
+    const before = await metric(piped, 'hydra_decode_steps_ahead_total');
+    await complete(piped, body);
+    await complete(plain, body);
+    // 8 tokens: the prompt step, then 7 follow steps, each queued while the one before ran.
+    expect((await metric(piped, 'hydra_decode_steps_ahead_total')) - before).toBe(7);
+    expect(await metric(plain, 'hydra_decode_steps_ahead_total')).toBe(0);
+  });
+
+  it('gives the same text as the unpipelined loop, across max_tokens', async () => {
+    for (const max of [1, 2, 3, 17]) {
+      const body = { prompt: 'the water of the day', max_tokens: max, ignore_eos: true };
+      const [a, b] = await Promise.all([complete(piped, body), complete(plain, body)]);
+      expect(a).toEqual(b);
+      expect(a.completion).toBe(max);
+    }
+  });
+
+  it('stops at a stop string mid-generation, and the cached slot continues identically', async () => {
+    const prompt = 'people who could write';
+    const full = await complete(plain, { prompt, max_tokens: 24, ignore_eos: true });
+    expect(full.text.length).toBeGreaterThan(12);
+    const stop = full.text.slice(8, 11);
+    for (const eng of [piped, plain]) {
+      const body = { prompt, max_tokens: 24, ignore_eos: true, stop: [stop], cache_prompt: true, id_slot: 0 };
+      const first = await complete(eng, body);
+      expect(first.finish).toBe('stop');
+      expect(first.text).toBe(full.text.slice(0, full.text.indexOf(stop)));
+      // Same prompt on the same slot: its KV (prompt minus the last token) is reused, and the
+      // wasted entry of the stopped request must not leak into the continuation.
+      // The reply goes out as the stop string is seen; the step queued ahead ends just after.
+      const wasted = eng === piped ? 1 : 0;
+      await waitFor(async () => (await metric(eng, 'hydra_decode_entries_wasted_total')) === wasted, 5000);
+      const again = await complete(eng, { ...body, stop: [] });
+      expect(again.cached).toBeGreaterThan(0);
+      expect(again.text).toBe(full.text);
+    }
+  });
+
+  it('serves more concurrent streams than slots with the same text per request', async () => {
+    const bodies = [5, 9, 2, 14, 7, 11].map((max, i) => ({
+      prompt: `number ${i} of the long way`,
+      max_tokens: max,
+      ignore_eos: true,
+    }));
+    const a = await Promise.all(bodies.map((b) => complete(piped, b)));
+    const b = await Promise.all(bodies.map((b) => complete(plain, b)));
+    expect(a).toEqual(b);
+    expect(a.map((c) => c.completion)).toEqual(bodies.map((b) => b.max_tokens));
+  });
+
+  it('cancels a stream mid-generation and frees the slot for the next request', async () => {
+    const ctrl = new AbortController();
+    const res = await fetch(`${piped.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'a long way', max_tokens: 1500, ignore_eos: true, stream: true }),
+      signal: ctrl.signal,
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    ctrl.abort();
+    await reader.closed.catch(() => undefined);
+    const body = { prompt: 'the water of the day', max_tokens: 6, ignore_eos: true };
+    expect(await complete(piped, body)).toEqual(await complete(plain, body));
+  });
+});
