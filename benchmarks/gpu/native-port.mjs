@@ -7,6 +7,7 @@
 // Usage (after build.sh; bundle.mjs makes dist/gpu/native-port.cjs):
 //   node benchmarks/dist/gpu/native-port.cjs --models DIR --out FILE [--only native,http,hello,rpc]
 //        [--shapes 8b,27b] [--bin packages/native-ggml/build-cuda/bin] [--stock-devices CUDA0]
+//        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -15,12 +16,15 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
+import { modelFactsFromGguf, planSplit, readGguf } from '../../packages/resolver/dist/index.js';
+import { fileSource } from '../../apps/engine/dist/placement.js';
 
 const args = {};
 for (const [i, a] of process.argv.entries()) {
   if (i >= 2 && a.startsWith('--')) args[a.slice(2)] = process.argv[i + 1];
 }
 const only = new Set((args.only ?? 'native,http,hello,rpc').split(','));
+const memoryCtx = (args['memory-ctx'] ?? '4096,32768').split(',').map(Number);
 const shapes = (args.shapes ?? '8b').split(',');
 const modelsDir = args.models ?? '/tmp/hydra-models';
 const bin = args.bin ?? 'packages/native-ggml/build-cuda/bin';
@@ -103,19 +107,29 @@ async function ensureModel(arch, shape) {
   return out;
 }
 
-// Decode loops through the binding: `mode` 'backend' samples on the device (the default),
-// 'cpu' copies the logits and samples on the host, 'none' samples nothing (the call path alone,
-// as llama-bench's tg does).
+// Decode loops through the binding. Modes: 'backend' samples on the device and awaits each step;
+// 'chained' too, but queues step k+1 (follow: the token sampled at step k) before step k ends, as
+// the engine does; 'chained-ctx768' the same in a small context (llama-bench sizes its own to the test); 'cpu' copies the
+// logits and samples on the host; 'none' samples nothing (the call path alone, as llama-bench's tg).
+const MODES = {
+  backend: { backendSampling: true, sampler: true },
+  chained: { backendSampling: true, sampler: true, chained: true },
+  'chained-ctx768': { backendSampling: true, sampler: true, chained: true, nCtx: 768 },
+  cpu: { backendSampling: false, sampler: true },
+  none: { backendSampling: true, sampler: false },
+};
+
 async function nativeDecode(modelPath, modes) {
   const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
   const out = {};
   for (const mode of modes) {
+    const m = MODES[mode];
     const ctx = await model.createContext({
-      nCtx: 4096,
+      nCtx: m.nCtx ?? 4096,
       nBatch: 2048,
       nUbatch: 512,
       flashAttn: 'auto',
-      backendSampling: mode !== 'cpu',
+      backendSampling: m.backendSampling,
     });
     const pp = [];
     const tg = [];
@@ -126,12 +140,22 @@ async function nativeDecode(modelPath, modes) {
       await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, logits: false }]);
       const ppTs = 512 / ((performance.now() - t0) / 1000);
       ctx.clear();
-      const sampler = mode === 'none' ? undefined : model.createSampler({ temp: 0 });
+      const sampler = m.sampler ? model.createSampler({ temp: 0 }) : undefined;
       let token = model.info.bos;
       t0 = performance.now();
-      for (let i = 0; i < 128; i++) {
-        const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
-        token = sampler ? r.tokens[0] : 3 + ((i * 7919) % (model.info.nVocab - 3));
+      if (m.chained) {
+        let prev = ctx.decode([{ seq: 0, pos: 0, tokens: [token], sampler }]);
+        for (let i = 1; i < 128; i++) {
+          const next = ctx.decode([{ seq: 0, pos: i, follow: true, sampler }]);
+          await prev;
+          prev = next;
+        }
+        await prev;
+      } else {
+        for (let i = 0; i < 128; i++) {
+          const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
+          token = sampler ? r.tokens[0] : 3 + ((i * 7919) % (model.info.nVocab - 3));
+        }
       }
       const tgTs = 128 / ((performance.now() - t0) / 1000);
       sampler?.dispose();
@@ -146,6 +170,72 @@ async function nativeDecode(modelPath, modes) {
   model.dispose();
   return out;
 }
+
+// The resolver's split planner predicts, from the GGUF header alone, what a load will take on the
+// GPU; here the same load is made and measured two ways: llama.cpp's own memory breakdown per buffer
+// type (weights, KV, compute) and the device's free memory before and after (which also sees the CUDA
+// runtime's own allocations, e.g. cuBLAS workspace, that no planner input describes).
+async function memoryCheck(modelPath, shape) {
+  const src = await fileSource(modelPath);
+  let facts;
+  try {
+    facts = modelFactsFromGguf(await readGguf(src));
+  } finally {
+    await src.close();
+  }
+  const gpu = () => listDevices().find((d) => d.type === 'gpu');
+  const mib = (b) => b / 2 ** 20;
+  for (const nCtx of memoryCtx) {
+    const dev = gpu();
+    if (!dev) throw new Error('no GPU device');
+    const before = dev.free;
+    const plan = planSplit(facts, {
+      devices: [{ name: dev.name, freeBytes: before }],
+      nCtx,
+      cacheTypeK: 'f16',
+      cacheTypeV: 'f16',
+      nParallel: 1,
+      nUbatch: 512,
+      flashAttn: true,
+      nGpuLayers: 99,
+    });
+    const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
+    const ctx = await model.createContext({ nCtx, nBatch: 2048, nUbatch: 512, flashAttn: 'on' });
+    // One step, so every lazily allocated buffer (cuBLAS handles, graph) exists when measured.
+    await ctx.decode([{ seq: 0, pos: 0, tokens: [model.info.bos, 5, 6, 7], logits: false }]);
+    const after = gpu().free;
+    const breakdown = ctx.memory();
+    await ctx.dispose();
+    model.dispose();
+    const onDevice = breakdown.filter((m) => m.bufferType === dev.bufferType || m.bufferType === dev.name);
+    const sum = (k) => onDevice.reduce((a, m) => a + m[k], 0);
+    const d = plan.devices[0];
+    const label = `${shape} q4_0 n_ctx ${nCtx}`;
+    const pair = (what, predicted, measured, anchorName) =>
+      figure(`${label}: planner ${what} on ${dev.name}`, 'MiB', [mib(predicted)], {
+        name: anchorName,
+        unit: 'MiB',
+        median: mib(measured),
+      });
+    pair('weights', d.weightBytes, sum('model'), 'llama.cpp memory breakdown: model');
+    pair('KV cache', d.kvBytes + d.recurrentBytes, sum('context'), 'llama.cpp memory breakdown: context');
+    pair('compute buffer', d.computeBytes, sum('compute'), 'llama.cpp memory breakdown: compute');
+    pair(
+      'total (weights + KV + compute)',
+      d.weightBytes + d.kvBytes + d.recurrentBytes + d.computeBytes,
+      sum('model') + sum('context') + sum('compute'),
+      'llama.cpp memory breakdown: model + context + compute',
+    );
+    pair(
+      'total (weights + KV + compute)',
+      d.weightBytes + d.kvBytes + d.recurrentBytes + d.computeBytes,
+      before - after,
+      'device free memory before load minus after (cudaMemGetInfo)',
+    );
+    memoryNotes.push({ shape, nCtx, breakdown, free_before: before, free_after: after, plan: d });
+  }
+}
+const memoryNotes = [];
 
 async function startEngine(modelPath, extra = []) {
   const port = await freePort();
@@ -299,8 +389,14 @@ async function main() {
     if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
   };
 
+  result.notes.memory = memoryNotes;
   for (const shape of shapes) {
     const model = await ensureModel('llama', shape);
+    if (only.has('memory')) {
+      log(`memory: planner vs load, ${shape}`);
+      await memoryCheck(model, shape);
+      save();
+    }
     let anchor;
     if (only.has('native') || only.has('http')) {
       log(`llama-bench local ${shape}`);
@@ -308,7 +404,7 @@ async function main() {
     }
     if (only.has('native')) {
       log(`native decode loop ${shape}`);
-      const n = await nativeDecode(model, ['backend', 'cpu', 'none']);
+      const n = await nativeDecode(model, ['backend', 'chained', 'chained-ctx768', 'cpu', 'none']);
       figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
         name: 'llama-bench pp512',
         unit: 'tokens/s',
@@ -319,6 +415,18 @@ async function main() {
         unit: 'tokens/s',
         median: anchor.tg.median,
       });
+      figure(
+        `${shape} q4_0 decode, native loop, sampled on the device, next step queued ahead (follow)`,
+        'tokens/s',
+        n.chained.tg,
+        { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
+      );
+      figure(
+        `${shape} q4_0 decode, native loop, next step queued ahead, n_ctx 768 (llama-bench size)`,
+        'tokens/s',
+        n['chained-ctx768'].tg,
+        { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
+      );
       figure(`${shape} q4_0 decode, native loop, greedy sampled on the CPU`, 'tokens/s', n.cpu.tg, {
         name: 'llama-bench tg128',
         unit: 'tokens/s',

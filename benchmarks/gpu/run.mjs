@@ -14,9 +14,9 @@ import { planSyntheticModel, writeSyntheticModel } from '@hydra-engine/native-gg
 import { newResult, repoRoot, resultFileName, resultsDir, writeResult } from '../dist/results.js';
 import { makeFigure } from '../dist/schema.js';
 
-const PARTS = ['synth', 'solo', 'rpc', 'boot', 'control', 'switch', 'load'];
+const PARTS = ['synth', 'solo', 'rpc', 'combine', 'boot', 'control', 'switch', 'load'];
 const USAGE = `usage: node benchmarks/gpu/run.mjs [--only ${PARTS.join(',')}] [--shapes 8b,27b] [--moe-shape 8b]
-  [--rpc-shape 8b] [--load-shape 27b] [--reps 3] [--ngl 99] [--models DIR] [--tools DIR] [--out DIR]
+  [--rpc-shape 8b] [--combine-shapes 8b] [--load-shape 27b] [--reps 3] [--ngl 99] [--models DIR] [--tools DIR] [--out DIR]
   [--bandwidth-gbs N] [--budget-s 570] [--cold-reps 1] [--dry-run]`;
 
 function parseArgs(argv) {
@@ -25,6 +25,7 @@ function parseArgs(argv) {
     shapes: ['8b', '27b'],
     moeShape: '8b',
     rpcShape: '8b',
+    combineShapes: ['8b'],
     loadShape: '27b',
     reps: 3,
     coldReps: 1,
@@ -66,6 +67,9 @@ function parseArgs(argv) {
         break;
       case '--rpc-shape':
         o.rpcShape = value();
+        break;
+      case '--combine-shapes':
+        o.combineShapes = list();
         break;
       case '--load-shape':
         o.loadShape = value();
@@ -457,6 +461,7 @@ function within(estimateS, name) {
 async function synth() {
   const want = [...opts.shapes.map((s) => ['llama', s]), ['moe', opts.moeShape]];
   want.push(['llama', opts.rpcShape], ['llama', opts.loadShape]);
+  if (opts.only.includes('combine')) for (const s of opts.combineShapes) want.push(['llama', s]);
   const seen = new Set();
   for (const [arch, shape] of want) {
     const path = modelPath(arch, shape);
@@ -627,6 +632,184 @@ async function rpc() {
   }
   await stopProcess(ours.child);
   await stopProcess(stock);
+}
+
+/** GET /health's placement rows (where each layer runs), for the notes. */
+async function placementOf(url) {
+  const h = await (await fetch(`${url}/health`)).json();
+  return h.placement ?? null;
+}
+
+/** Decode tok/s and prefill tok/s of `reps` streams through an engine's HTTP API (after a warm-up). */
+async function httpRates(url) {
+  await complete(url, promptOf(32, 999), 8);
+  const decode = [];
+  const prefill = [];
+  for (let r = 0; r < opts.reps; r++) {
+    const d = await complete(url, promptOf(16, r), 128);
+    decode.push(((d.completion - 1) * 1000) / d.decodeMs);
+    const p = await complete(url, promptOf(512, 100 + r), 1);
+    prefill.push((p.prompt * 1000) / p.ttftMs);
+  }
+  return { decode, prefill };
+}
+
+/**
+ * COMBINE as a user runs it: a head engine with `--rpc peer` splits the model with a peer engine's
+ * GPU (here both on the one GPU). Anchors from the same run: upstream llama-bench with --rpc to stock
+ * ggml-rpc-server and the same device order and split; for MoE, llama-bench local decode (the
+ * issue's 0.85x goal) and llama-bench with the experts on stock ggml-rpc-server (upstream's 0.75x).
+ */
+async function combine() {
+  // HYDRA_BENCH_CPU=1: a smoke run of this part on a machine without a GPU (figures meaningless).
+  const gpu = localGpu() ?? (process.env.HYDRA_BENCH_CPU === '1' ? 'CPU' : undefined);
+  if (!gpu) throw new Error('no local GPU device for the head');
+  const stockPort = await freePort();
+  const stock = startProcess(tool('ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(stockPort), '-d', gpu]);
+  await waitTcp(stockPort, stock, 60_000);
+  const stockEp = `127.0.0.1:${stockPort}`;
+  notes.combine = { local_device: gpu, placements: {} };
+  const common = ['-p', '512', '-n', '128', '-ngl', String(opts.ngl), '-fa', '1', '-r', String(opts.reps)];
+  try {
+    for (const shape of opts.combineShapes) {
+      const path = modelPath('llama', shape);
+      const label = `${shape} q4_0`;
+      if (!existsSync(path)) {
+        skip(`combine ${label}`, `${path} missing: run --only synth first`);
+        continue;
+      }
+      if (!within(shape === '27b' ? 150 : 90, `combine ${label}`)) continue;
+      // The engine puts RPC devices first (upstream's default order), so the anchor does too.
+      log(`combine ${label}: llama-bench --rpc ${stockEp} -dev RPC0/${gpu} -ts 1/1`);
+      const anchor = llamaBench(['-m', path, ...common, '--rpc', stockEp, '-dev', `RPC0/${gpu}`, '-ts', '1/1'], 300_000);
+      const peerRpc = await freePort();
+      const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
+      const head = await startEngine([
+        '-m', path, '-ngl', String(opts.ngl), '-fa', 'on', '-c', '4096', '-np', '1',
+        '--rpc', `127.0.0.1:${peerRpc}`, '-ts', '1/1',
+      ]);
+      try {
+        notes.combine.placements[label] = await placementOf(head.url);
+        const r = await httpRates(head.url);
+        add(
+          makeFigure({
+            name: `COMBINE decode ${label}, head engine HTTP stream, 1/1 split with a peer engine`,
+            unit: 'tok/s',
+            samples: r.decode,
+            anchor: { name: 'llama-bench tg128 --rpc stock ggml-rpc-server, same devices and split', unit: 'tok/s', samples: anchor.tg },
+          }),
+        );
+        add(
+          makeFigure({
+            name: `COMBINE prefill ${label}, head engine HTTP (512-token prompt), 1/1 split with a peer engine`,
+            unit: 'tok/s',
+            samples: r.prefill,
+            anchor: { name: 'llama-bench pp512 --rpc stock ggml-rpc-server, same devices and split', unit: 'tok/s', samples: anchor.pp },
+          }),
+        );
+      } finally {
+        await stopProcess(head.child);
+        await stopProcess(peer.child);
+      }
+      save();
+    }
+    // MoE: the experts on the peer.
+    const moe = modelPath('moe', opts.moeShape);
+    const label = `MoE ${opts.moeShape} q4_0`;
+    if (!existsSync(moe)) {
+      skip(`combine ${label}`, `${moe} missing`);
+      return;
+    }
+    if (!within(150, `combine ${label}`)) return;
+    log(`combine ${label}: llama-bench local, and with the experts on stock ggml-rpc-server`);
+    const local = llamaBench(['-m', moe, ...common], 300_000);
+    const upstream = llamaBench(
+      ['-m', moe, ...common, '--rpc', stockEp, '-ot', `ffn_.*_exps=RPC0[${stockEp}]`],
+      300_000,
+    );
+    add(
+      makeFigure({
+        name: `upstream MoE experts on stock ggml-rpc-server decode, ${label} (llama-bench -ot ffn_.*_exps=RPC0)`,
+        unit: 'tok/s',
+        samples: upstream.tg,
+        anchor: { name: 'llama-bench tg128 local', unit: 'tok/s', samples: local.tg },
+      }),
+    );
+    const peerRpc = await freePort();
+    const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
+    const headRpc = await freePort();
+    const head = await startEngine([
+      '-m', moe, '-ngl', String(opts.ngl), '-fa', 'on', '-c', '4096', '-np', '1',
+      '--rpc', `127.0.0.1:${peerRpc}`, '--rpc-port', String(headRpc),
+    ]);
+    const hc = await HydraClient.connect({ port: headRpc, timeoutMs: 60_000 });
+    try {
+      notes.combine.placements[label] = await placementOf(head.url);
+      await hc.call('SET_EXPERT_MODE', { mode: 'combined' });
+      const combined = await httpRates(head.url);
+      add(
+        makeFigure({
+          name: `COMBINE MoE decode, experts on the peer engine, ${label}, head engine HTTP stream`,
+          unit: 'tok/s',
+          samples: combined.decode,
+          anchor: { name: 'llama-bench tg128 local (all on one GPU)', unit: 'tok/s', samples: local.tg },
+          limit: { name: 'goal: 0.85x of local decode', unit: 'tok/s', value: 0.85 * median(local.tg) },
+        }),
+      );
+      await hc.call('SET_EXPERT_MODE', { mode: 'solo' });
+      const solo = await httpRates(head.url);
+      add(
+        makeFigure({
+          name: `MoE decode after SET_EXPERT_MODE solo, ${label}, head engine HTTP stream`,
+          unit: 'tok/s',
+          samples: solo.decode,
+          anchor: { name: 'llama-bench tg128 local (all on one GPU)', unit: 'tok/s', samples: local.tg },
+        }),
+      );
+      // Flips during a stream: the stream must finish with every token; each flip's switch_ms kept.
+      const flips = [];
+      const streams = [];
+      for (let r = 0; r < opts.reps; r++) {
+        const done = complete(head.url, promptOf(16, 50 + r), 256);
+        for (let i = 0; i < 6; i++) {
+          await sleep(60);
+          const t = performance.now();
+          const res = await hc.call('SET_EXPERT_MODE', { mode: i % 2 ? 'solo' : 'combined' });
+          flips.push({ rt: performance.now() - t, switchMs: res.switch_ms });
+        }
+        const c = await done;
+        if (c.completion !== 256) throw new Error(`a stream with flips ended after ${c.completion} of 256 tokens`);
+        streams.push(((c.completion - 1) * 1000) / c.decodeMs);
+      }
+      add(
+        makeFigure({
+          name: `SET_EXPERT_MODE flip during a stream, ${label}: round trip`,
+          unit: 'ms',
+          samples: flips.map((f) => f.rt),
+          limit: { name: 'goal: under 100 ms', unit: 'ms', value: 100 },
+        }),
+      );
+      add(
+        makeFigure({
+          name: `MoE decode of a stream with 6 expert-placement flips, ${label}, head engine HTTP`,
+          unit: 'tok/s',
+          samples: streams,
+          anchor: { name: 'llama-bench tg128 local (all on one GPU)', unit: 'tok/s', samples: local.tg },
+        }),
+      );
+    } finally {
+      hc.close?.();
+      await stopProcess(head.child);
+      await stopProcess(peer.child);
+    }
+  } finally {
+    await stopProcess(stock);
+  }
+}
+
+function median(xs) {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
 }
 
 async function boot() {
@@ -902,6 +1085,7 @@ async function main() {
   await part('synth', 150, synth);
   await part('solo', 60, solo);
   await part('rpc', 90, rpc);
+  await part('combine', 120, combine);
   await part('boot', 15, boot);
   await part('control', 60, control);
   await part('switch', 90, profileSwitch);
