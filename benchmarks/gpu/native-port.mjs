@@ -14,10 +14,10 @@ import { connect, createServer } from 'node:net';
 import { cpus, hostname, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { fileSource } from '../../apps/engine/dist/placement.js';
 import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
 import { modelFactsFromGguf, planSplit, readGguf } from '../../packages/resolver/dist/index.js';
-import { fileSource } from '../../apps/engine/dist/placement.js';
 
 const args = {};
 for (const [i, a] of process.argv.entries()) {
@@ -183,7 +183,10 @@ async function memoryCheck(modelPath, shape) {
   } finally {
     await src.close();
   }
-  const gpu = () => listDevices().find((d) => d.type === 'gpu');
+  // HYDRA_BENCH_CPU=1: a smoke run without a GPU, against the CPU device (figures meaningless).
+  const gpu = () =>
+    listDevices().find((d) => d.type === 'gpu') ??
+    (process.env.HYDRA_BENCH_CPU === '1' ? listDevices().find((d) => d.type === 'cpu') : undefined);
   const mib = (b) => b / 2 ** 20;
   for (const nCtx of memoryCtx) {
     const dev = gpu();

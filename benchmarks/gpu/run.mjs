@@ -665,7 +665,14 @@ async function combine() {
   const gpu = localGpu() ?? (process.env.HYDRA_BENCH_CPU === '1' ? 'CPU' : undefined);
   if (!gpu) throw new Error('no local GPU device for the head');
   const stockPort = await freePort();
-  const stock = startProcess(tool('ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(stockPort), '-d', gpu]);
+  const stock = startProcess(tool('ggml-rpc-server'), [
+    '-H',
+    '127.0.0.1',
+    '-p',
+    String(stockPort),
+    '-d',
+    gpu,
+  ]);
   await waitTcp(stockPort, stock, 60_000);
   const stockEp = `127.0.0.1:${stockPort}`;
   notes.combine = { local_device: gpu, placements: {} };
@@ -681,12 +688,24 @@ async function combine() {
       if (!within(shape === '27b' ? 150 : 90, `combine ${label}`)) continue;
       // The engine puts RPC devices first (upstream's default order), so the anchor does too.
       log(`combine ${label}: llama-bench --rpc ${stockEp} -dev RPC0/${gpu} -ts 1/1`);
-      const anchor = llamaBench(['-m', path, ...common, '--rpc', stockEp, '-dev', `RPC0/${gpu}`, '-ts', '1/1'], 300_000);
+      const split = gpu === 'CPU' ? [] : ['-dev', `RPC0/${gpu}`, '-ts', '1/1'];
+      const anchor = llamaBench(['-m', path, ...common, '--rpc', stockEp, ...split], 300_000);
       const peerRpc = await freePort();
       const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
       const head = await startEngine([
-        '-m', path, '-ngl', String(opts.ngl), '-fa', 'on', '-c', '4096', '-np', '1',
-        '--rpc', `127.0.0.1:${peerRpc}`, '-ts', '1/1',
+        '-m',
+        path,
+        '-ngl',
+        String(opts.ngl),
+        '-fa',
+        'on',
+        '-c',
+        '4096',
+        '-np',
+        '1',
+        '--rpc',
+        `127.0.0.1:${peerRpc}`,
+        ...(gpu === 'CPU' ? [] : ['-ts', '1/1']),
       ]);
       try {
         notes.combine.placements[label] = await placementOf(head.url);
@@ -696,7 +715,11 @@ async function combine() {
             name: `COMBINE decode ${label}, head engine HTTP stream, 1/1 split with a peer engine`,
             unit: 'tok/s',
             samples: r.decode,
-            anchor: { name: 'llama-bench tg128 --rpc stock ggml-rpc-server, same devices and split', unit: 'tok/s', samples: anchor.tg },
+            anchor: {
+              name: 'llama-bench tg128 --rpc stock ggml-rpc-server, same devices and split',
+              unit: 'tok/s',
+              samples: anchor.tg,
+            },
           }),
         );
         add(
@@ -704,7 +727,11 @@ async function combine() {
             name: `COMBINE prefill ${label}, head engine HTTP (512-token prompt), 1/1 split with a peer engine`,
             unit: 'tok/s',
             samples: r.prefill,
-            anchor: { name: 'llama-bench pp512 --rpc stock ggml-rpc-server, same devices and split', unit: 'tok/s', samples: anchor.pp },
+            anchor: {
+              name: 'llama-bench pp512 --rpc stock ggml-rpc-server, same devices and split',
+              unit: 'tok/s',
+              samples: anchor.pp,
+            },
           }),
         );
       } finally {
@@ -739,8 +766,20 @@ async function combine() {
     const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
     const headRpc = await freePort();
     const head = await startEngine([
-      '-m', moe, '-ngl', String(opts.ngl), '-fa', 'on', '-c', '4096', '-np', '1',
-      '--rpc', `127.0.0.1:${peerRpc}`, '--rpc-port', String(headRpc),
+      '-m',
+      moe,
+      '-ngl',
+      String(opts.ngl),
+      '-fa',
+      'on',
+      '-c',
+      '4096',
+      '-np',
+      '1',
+      '--rpc',
+      `127.0.0.1:${peerRpc}`,
+      '--rpc-port',
+      String(headRpc),
     ]);
     const hc = await HydraClient.connect({ port: headRpc, timeoutMs: 60_000 });
     try {
@@ -778,7 +817,8 @@ async function combine() {
           flips.push({ rt: performance.now() - t, switchMs: res.switch_ms });
         }
         const c = await done;
-        if (c.completion !== 256) throw new Error(`a stream with flips ended after ${c.completion} of 256 tokens`);
+        if (c.completion !== 256)
+          throw new Error(`a stream with flips ended after ${c.completion} of 256 tokens`);
         streams.push(((c.completion - 1) * 1000) / c.decodeMs);
       }
       add(
