@@ -50,7 +50,7 @@ fi
 if [ ! -f "$pkg/upstream/CMakeLists.txt" ]; then
   tarball=$(ls "$carry"/llama.cpp.tar.* "$carry"/upstream.tar.* 2>/dev/null | head -n1 || true)
   [ -n "$tarball" ] || { say "packages/native-ggml/upstream/ is missing and no $carry/llama.cpp.tar.* to unpack"; exit 1; }
-  first=$(tar -tf "$tarball" | head -n1)
+  first=$(tar -tf "$tarball" 2>/dev/null | head -n1 || true)  # head closes the pipe early: SIGPIPE is expected
   if [[ "$first" == upstream/* || "$first" == ./upstream/* ]]; then tar -xf "$tarball" -C "$pkg"
   else mkdir -p "$pkg/upstream" && tar -xf "$tarball" -C "$pkg/upstream" --strip-components=1; fi
   say "unpacked $tarball into $pkg/upstream"
@@ -59,6 +59,7 @@ fi
 
 # 3. Node-API headers (what cmake-js passes as CMAKE_JS_INC).
 napi_h="$carry/napi/node-api-headers/include"
+[ -d "$napi_h" ] || napi_h="$carry/napi/node-api-headers"  # the headers alone, without the package around them
 addon_api="$carry/napi/node-addon-api"
 for f in "$napi_h/node_api.h" "$addon_api/napi.h"; do
   [ -f "$f" ] || { say "missing $f (carry the Node-API headers, see benchmarks/README.md)"; exit 1; }

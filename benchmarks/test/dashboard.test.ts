@@ -11,11 +11,11 @@ const here = new URL('.', import.meta.url).pathname;
 
 /**
  * The page's DOM after headless Chromium ran its scripts. On a loaded 2-core machine Chromium now
- * and then exits before the page finished; one retry tells that apart from a page that never draws.
+ * and then exits before the page finished; retries tell that apart from a page that never draws.
  */
 function dumpDom(chromium: string, url: string): string {
   let dom = '';
-  for (let attempt = 0; attempt < 2 && !dom.includes('data-charts='); attempt++) {
+  for (let attempt = 0; attempt < 5 && !dom.includes('data-charts='); attempt++) {
     dom = execFileSync(
       chromium,
       [
