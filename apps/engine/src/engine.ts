@@ -405,7 +405,9 @@ export class Engine {
         }
       }
       this.counters.loadSeconds = (performance.now() - started) / 1000;
-      this.#placement = await computePlacement(path, cfg, this.devices()).catch((err: Error) => {
+      // Where layers went follows the device list the load used (peers first), not the listing order.
+      const loaded = params.devices ? { ...cfg, devices: params.devices } : cfg;
+      this.#placement = await computePlacement(path, loaded, this.devices()).catch((err: Error) => {
         this.#log.warn(`hydra-engine: layer placement unavailable: ${err.message}`);
         return undefined;
       });
