@@ -154,18 +154,30 @@ static const char * dev_type_name(enum ggml_backend_dev_type t) {
     }
 }
 
-Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev) {  // shared with hydra_rpc_serve.cpp
-    size_t free = 0, total = 0;
-    ggml_backend_dev_memory(dev, &free, &total);
-    Napi::Object d = Napi::Object::New(env);
-    d.Set("name", ggml_backend_dev_name(dev));
-    d.Set("description", ggml_backend_dev_description(dev));
-    d.Set("type", dev_type_name(ggml_backend_dev_type(dev)));
-    d.Set("free", Napi::Number::New(env, (double) free));
-    d.Set("total", Napi::Number::New(env, (double) total));
+hydra_device_info device_info_read(ggml_backend_dev_t dev) {  // any thread: an RPC device answers over the wire
+    hydra_device_info d;
+    ggml_backend_dev_memory(dev, &d.free, &d.total);
+    d.name = ggml_backend_dev_name(dev);
+    d.description = ggml_backend_dev_description(dev);
+    d.type = dev_type_name(ggml_backend_dev_type(dev));
     ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-    d.Set("bufferType", buft ? ggml_backend_buft_name(buft) : "");
+    d.buffer_type = buft ? ggml_backend_buft_name(buft) : "";
     return d;
+}
+
+Napi::Object device_info_to_js(Napi::Env env, const hydra_device_info & info) {
+    Napi::Object d = Napi::Object::New(env);
+    d.Set("name", info.name);
+    d.Set("description", info.description);
+    d.Set("type", info.type);
+    d.Set("free", Napi::Number::New(env, (double) info.free));
+    d.Set("total", Napi::Number::New(env, (double) info.total));
+    d.Set("bufferType", info.buffer_type);
+    return d;
+}
+
+Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev) {  // shared with hydra_rpc_serve.cpp
+    return device_info_to_js(env, device_info_read(dev));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,14 +233,16 @@ public:
             ggml_backend_register(reg);
             registered.push_back(endpoint);
         }
+        // Described here, off the JS thread: asking an RPC device for its memory is a round trip,
+        // and the peer may be served by this very process, whose JS thread must accept it.
         for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); i++) {
-            devices.push_back(ggml_backend_reg_dev_get(reg, i));
+            devices.push_back(device_info_read(ggml_backend_reg_dev_get(reg, i)));
         }
     }
     void OnOK() override {
         Napi::Array out = Napi::Array::New(Env());
         for (size_t i = 0; i < devices.size(); i++) {
-            out.Set((uint32_t) i, device_describe(Env(), devices[i]));
+            out.Set((uint32_t) i, device_info_to_js(Env(), devices[i]));
         }
         deferred.Resolve(out);
     }
@@ -239,7 +253,7 @@ public:
 private:
     Napi::Promise::Deferred deferred;
     std::string endpoint;
-    std::vector<ggml_backend_dev_t> devices;
+    std::vector<hydra_device_info> devices;
 };
 
 static Napi::Value rpc_server_add(const Napi::CallbackInfo & info) {

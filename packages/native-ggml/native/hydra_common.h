@@ -151,6 +151,13 @@ T * hydra_handle_get(const Napi::Value & value, const char * what) {
 
 #include "ggml-backend.h"
 
+struct hydra_device_info {
+    std::string name, description, type, buffer_type;
+    size_t free = 0, total = 0;
+};
+
+hydra_device_info device_info_read(ggml_backend_dev_t dev);
+Napi::Object device_info_to_js(Napi::Env env, const hydra_device_info & info);
 Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev);
 
 // Set while a thread serves a ggml-RPC session: ggml aborts on that thread become hydra_rpc_abort
