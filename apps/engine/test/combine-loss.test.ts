@@ -12,9 +12,9 @@ interface Proc {
 }
 
 /** An engine as its own process (a peer must be killable; a head's parked threads stay its own). */
-async function spawnEngine(flags: string[]): Promise<Proc> {
+async function spawnEngine(flags: string[], rpcPortWanted?: number): Promise<Proc> {
   const port = await freePort();
-  const rpcPort = await freePort();
+  const rpcPort = rpcPortWanted ?? (await freePort());
   const child = spawn(
     process.execPath,
     [CLI, '--port', String(port), '--rpc-port', String(rpcPort), '--progress', 'off', '-t', '1', ...flags],
@@ -62,7 +62,7 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
   });
 
-  it('ends the request with HYDRA_ERR_PEER_LOST, stays up, reports degraded and serves SOLO within 10 s', async () => {
+  it('ends the request with HYDRA_ERR_PEER_LOST, stays up, reports degraded, serves SOLO within 10 s, and rejoins the restarted peer', async () => {
     const peer = await spawnEngine([]);
     procs.push(peer.child);
     const head = await spawnEngine([
@@ -126,5 +126,30 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     // Every port of the head still answers: HTTP above, the merged port's ggml-RPC HELLO here.
     await expect(probeRpcServer(head.rpc, 2000)).resolves.toMatchObject({ major: 6 });
     expect(head.child.exitCode).toBeNull();
+
+    // The peer comes back at the same address; configuring it again rejoins it (registered under
+    // another spelling of the address, with new device names), and COMBINE serves the same tokens.
+    const back = await spawnEngine([], Number(peer.rpc.split(':')[1]));
+    procs.push(back.child);
+    const cfg = await fetch(`${head.url}/control/configure`, {
+      method: 'POST',
+      body: JSON.stringify({ rpc_servers: [peer.rpc], devices: ['RPC1'] }),
+    });
+    expect(await cfg.json()).toMatchObject({ success: true, tier: 'T3' });
+    let rejoined:
+      | { state: string; status: string; placement?: { device: string; description: string }[] }
+      | undefined;
+    await waitFor(async () => {
+      rejoined = (await fetch(`${head.url}/health`).then((r) => r.json())) as NonNullable<typeof rejoined>;
+      return rejoined.state === 'ready' && rejoined.status !== 'degraded';
+    }, 30_000);
+    expect(rejoined!.placement!.map((r) => r.device)).toEqual(['RPC1']);
+    expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
+    const after = (await fetch(`${head.url}/control/status`).then((r) => r.json())) as {
+      mode: string;
+      peers: unknown[];
+    };
+    expect(after.mode).toBe('combined');
+    expect(after.peers).toHaveLength(1);
   }, 120_000);
 });

@@ -161,17 +161,20 @@ export async function addRpcServer(
 ): Promise<NativeDevice[]> {
   await probeRpcServer(endpoint, options.timeoutMs);
   const devices = await callAsync(() => native().rpcServerAdd(endpoint));
-  offloadCheck = undefined;
+  // Learnt from the new devices (described off the JS thread), never by listing every device again:
+  // that would dial peers lost earlier, whose parked dispatchers never answer.
+  if (devices.some(isOffloadDevice)) offloadCheck = true;
   return devices;
 }
 
-// Whether an offload device exists, refreshed only when a peer was just registered (alive then).
+// Whether an offload device exists: listed once, then only raised by new peers' devices.
 // devicesList() asks every ggml-RPC device for its memory, a round trip on the JS thread that never
 // returns once that peer is lost (its client thread is parked): a model loaded after a peer loss
 // must not ask again.
 let offloadCheck: boolean | undefined;
+const isOffloadDevice = (d: { type: string }): boolean => d.type === 'gpu' || d.type === 'igpu';
 function hasOffloadDevice(binding: NativeBinding): boolean {
-  offloadCheck ??= binding.devicesList().some((d) => d.type === 'gpu' || d.type === 'igpu');
+  offloadCheck ??= binding.devicesList().some(isOffloadDevice);
   return offloadCheck;
 }
 

@@ -11,12 +11,29 @@
 //   thread). Against a lost peer that round trip never returns (its dispatcher is parked), which on
 //   the JS thread would freeze the whole engine. The list is therefore only refreshed while every
 //   registered peer is believed alive; otherwise the last good list is served.
+// - A lost peer that comes back at the same address cannot be dialled under the same endpoint
+//   string (the parked dispatcher would be handed back). It is registered again under another
+//   spelling of the same IPv4 address: its first octet in octal, one more leading zero per loss
+//   (`0177.0.0.1:PORT`, `00177.0.0.1:PORT` for 127.0.0.1). inet_aton reads these as the same
+//   address in both resolvers that dial it (glibc's gethostbyname in llama.cpp, getaddrinfo in
+//   Node's HELLO probe); a hex spelling would pass Node's and fail glibc's digits-and-dots check. Its devices get new names
+//   (`RPC1`, ...); the configured endpoint stays the one the operator wrote.
+import { lookup } from 'node:dns/promises';
+import { isIPv4 } from 'node:net';
 import { addRpcServer, type Device, listDevices } from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
 
 const endpoints = new Map<string, string[]>();
 const buffers = new Map<string, string[]>();
+/** Peers lost and not registered again since. */
 const lost = new Set<string>();
+/** Device names of every lost registration: never listed or used again. */
+const dead = new Set<string>();
+/** How many times each peer was lost: the spelling of its next registration. */
+const losses = new Map<string, number>();
+/** The endpoint string each configured peer was registered under. */
+const wire = new Map<string, string>();
+let anyLost = false;
 let local: Device[] | undefined;
 let last: Device[] = [];
 
@@ -31,32 +48,58 @@ function localDevices(): Device[] {
 
 /**
  * Registers a peer's devices (HELLO-probed first by native-ggml) and remembers their names.
- * Registering an endpoint again returns the same devices.
+ * Registering an endpoint again returns the same devices; a peer lost earlier is registered anew
+ * under another spelling of its address (see the module comment).
  */
 export async function registerPeer(endpoint: string): Promise<{ names: string[]; bufferTypes: string[] }> {
-  if (lost.has(endpoint)) {
-    // Upstream would hand the parked dispatcher of the lost connection back (and hang).
-    throw new HydraError(
-      'HYDRA_ERR_PEER_LOST',
-      `peer ${endpoint} was lost earlier in this process; add it again under another spelling of its address (e.g. localhost:PORT)`,
-      { keys: ['rpc_servers'], details: { peer: endpoint } },
-    );
-  }
+  const generation = losses.get(endpoint) ?? 0;
+  const target = generation === 0 ? endpoint : await respell(endpoint, generation);
   localDevices();
-  const devices = await addRpcServer(endpoint);
+  const devices = await addRpcServer(target);
   const names = devices.map((d) => d.name);
   const bufferTypes = devices.map((d) => d.bufferType);
   endpoints.set(endpoint, names);
   buffers.set(endpoint, bufferTypes);
+  wire.set(endpoint, target);
+  if (lost.delete(endpoint)) {
+    // The frozen device list (see safeDevices) learns the new devices from the registration.
+    last = [...last.filter((d) => !names.includes(d.name)), ...devices];
+  }
   return { names, bufferTypes };
 }
 
-/** Marks a peer lost: the device list stops refreshing (see the module comment). */
+/** `host:port` with the first octet of the IPv4 address in octal after `generation` zeros. */
+async function respell(endpoint: string, generation: number): Promise<string> {
+  const m = /^(.+):(\d+)$/.exec(endpoint);
+  if (!m)
+    throw new HydraError('HYDRA_ERR_BAD_VALUE', `peer ${endpoint} is not host:port`, {
+      keys: ['rpc_servers'],
+    });
+  const host = m[1]!;
+  let ip = host;
+  if (!isIPv4(host)) {
+    try {
+      ip = (await lookup(host, { family: 4 })).address;
+    } catch (err) {
+      throw new HydraError('HYDRA_ERR_PEER_UNREACHABLE', `peer ${endpoint}: ${(err as Error).message}`, {
+        keys: ['rpc_servers'],
+        details: { peer: endpoint },
+      });
+    }
+  }
+  const [first, ...rest] = ip.split('.');
+  return `${'0'.repeat(generation)}${Number(first).toString(8)}.${rest.join('.')}:${m[2]}`;
+}
+
+/** Marks a peer lost: its devices are dead for good and the device list stops refreshing. */
 export function markPeerLost(endpoint: string): void {
+  anyLost = true;
+  for (const name of endpoints.get(endpoint) ?? []) dead.add(name);
+  if (!lost.has(endpoint)) losses.set(endpoint, (losses.get(endpoint) ?? 0) + 1);
   lost.add(endpoint);
 }
 
-/** Peers ever lost in this process. */
+/** Peers lost and not registered again since. */
 export function lostPeers(): string[] {
   return [...lost];
 }
@@ -68,14 +111,13 @@ export function lostPeers(): string[] {
  */
 export function safeDevices(): Device[] {
   try {
-    if (lost.size === 0) {
+    if (!anyLost) {
       last = listDevices();
       return last;
     }
   } catch {
     return last;
   }
-  const dead = new Set([...lost].flatMap((e) => endpoints.get(e) ?? []));
   return last.filter((d) => !dead.has(d.name));
 }
 
@@ -102,7 +144,7 @@ export function loadDevices(
   let devices = wanted.length > 0 ? wanted.filter((n) => allowed.includes(n)) : allowed;
   const dropped = wanted.length > 0 && devices.length !== wanted.length;
   if (devices.length === 0) devices = ['CPU'];
-  const keep = new Set(rpcServers);
+  const keep = new Set(rpcServers.map((e) => wire.get(e) ?? e));
   const overrides = configured.overrides?.filter((spec) => {
     const m = /=RPC\d+\[(.+)\]$/.exec(spec);
     return !m || keep.has(m[1]!);
