@@ -16,7 +16,7 @@ import { makeFigure } from '../dist/schema.js';
 
 const PARTS = ['synth', 'solo', 'rpc', 'combine', 'boot', 'control', 'switch', 'load'];
 const USAGE = `usage: node benchmarks/gpu/run.mjs [--only ${PARTS.join(',')}] [--shapes 8b,27b] [--moe-shape 8b]
-  [--rpc-shape 8b] [--combine-shapes 8b] [--load-shape 27b] [--reps 3] [--ngl 99] [--models DIR] [--tools DIR] [--out DIR]
+  [--rpc-shape 8b] [--combine-shapes 8b] [--peer-gpu N] [--load-shape 27b] [--reps 3] [--ngl 99] [--models DIR] [--tools DIR] [--out DIR]
   [--bandwidth-gbs N] [--budget-s 570] [--cold-reps 1] [--dry-run]`;
 
 function parseArgs(argv) {
@@ -26,6 +26,7 @@ function parseArgs(argv) {
     moeShape: '8b',
     rpcShape: '8b',
     combineShapes: ['8b'],
+    peerGpu: undefined,
     loadShape: '27b',
     reps: 3,
     coldReps: 1,
@@ -67,6 +68,9 @@ function parseArgs(argv) {
         break;
       case '--rpc-shape':
         o.rpcShape = value();
+        break;
+      case '--peer-gpu':
+        o.peerGpu = int();
         break;
       case '--combine-shapes':
         o.combineShapes = list();
@@ -277,14 +281,14 @@ function engineEnv() {
 }
 
 /** Starts an engine; resolves once /health says `state` (or `empty` when no model). */
-async function startEngine(args, { state = 'ready', timeoutMs = 300_000 } = {}) {
+async function startEngine(args, { state = 'ready', timeoutMs = 300_000, env = {} } = {}) {
   if (!engineCli) throw new Error('no engine: build apps/engine or run benchmarks/gpu/bundle.mjs');
   const port = await freePort();
   const since = performance.now();
   const child = startProcess(
     process.execPath,
     [engineCli, '--port', String(port), '--progress', 'off', ...args],
-    engineEnv(),
+    { ...engineEnv(), ...env },
   );
   const readyMs = await waitHttp(
     `http://127.0.0.1:${port}/health`,
@@ -296,9 +300,10 @@ async function startEngine(args, { state = 'ready', timeoutMs = 300_000 } = {}) 
   return { child, port, readyMs, url: `http://127.0.0.1:${port}` };
 }
 
-function runTool(name, args, timeoutMs) {
+function runTool(name, args, timeoutMs, env = {}) {
   const started = performance.now();
   const out = execFileSync(tool(name), args, {
+    env: { ...process.env, ...env },
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
     timeout: timeoutMs,
@@ -308,8 +313,8 @@ function runTool(name, args, timeoutMs) {
 }
 
 /** llama-bench -o json; returns {pp, tg} arrays of per-repetition t/s. */
-function llamaBench(args, timeoutMs) {
-  const { out } = runTool('llama-bench', [...args, '-o', 'json'], timeoutMs);
+function llamaBench(args, timeoutMs, env = {}) {
+  const { out } = runTool('llama-bench', [...args, '-o', 'json'], timeoutMs, env);
   const rows = JSON.parse(out);
   const pp = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
   const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
@@ -664,18 +669,21 @@ async function combine() {
   // HYDRA_BENCH_CPU=1: a smoke run of this part on a machine without a GPU (figures meaningless).
   const gpu = localGpu() ?? (process.env.HYDRA_BENCH_CPU === '1' ? 'CPU' : undefined);
   if (!gpu) throw new Error('no local GPU device for the head');
+  // --peer-gpu N: one engine per GPU, as users run COMBINE. The head side (head engine, llama-bench)
+  // sees GPU 0 only, the peer side (peer engine, stock ggml-rpc-server) GPU N only; each calls its
+  // one GPU CUDA0. Without it both sides share the one GPU.
+  const two = opts.peerGpu !== undefined;
+  const headEnv = two ? { CUDA_VISIBLE_DEVICES: '0' } : {};
+  const peerEnv = two ? { CUDA_VISIBLE_DEVICES: String(opts.peerGpu) } : {};
   const stockPort = await freePort();
-  const stock = startProcess(tool('ggml-rpc-server'), [
-    '-H',
-    '127.0.0.1',
-    '-p',
-    String(stockPort),
-    '-d',
-    gpu,
-  ]);
+  const stock = startProcess(
+    tool('ggml-rpc-server'),
+    ['-H', '127.0.0.1', '-p', String(stockPort), '-d', gpu],
+    peerEnv,
+  );
   await waitTcp(stockPort, stock, 60_000);
   const stockEp = `127.0.0.1:${stockPort}`;
-  notes.combine = { local_device: gpu, placements: {} };
+  notes.combine = { local_device: gpu, peer_gpu: two ? opts.peerGpu : 'shared', placements: {} };
   const common = ['-p', '512', '-n', '128', '-ngl', String(opts.ngl), '-fa', '1', '-r', String(opts.reps)];
   try {
     for (const shape of opts.combineShapes) {
@@ -689,24 +697,33 @@ async function combine() {
       // The engine puts RPC devices first (upstream's default order), so the anchor does too.
       log(`combine ${label}: llama-bench --rpc ${stockEp} -dev RPC0/${gpu} -ts 1/1`);
       const split = gpu === 'CPU' ? [] : ['-dev', `RPC0/${gpu}`, '-ts', '1/1'];
-      const anchor = llamaBench(['-m', path, ...common, '--rpc', stockEp, ...split], 300_000);
+      const anchor = llamaBench(['-m', path, ...common, '--rpc', stockEp, ...split], 300_000, headEnv);
+      const solo = two ? llamaBench(['-m', path, ...common], 300_000, headEnv) : undefined;
       const peerRpc = await freePort();
-      const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
-      const head = await startEngine([
-        '-m',
-        path,
-        '-ngl',
-        String(opts.ngl),
-        '-fa',
-        'on',
-        '-c',
-        '4096',
-        '-np',
-        '1',
-        '--rpc',
-        `127.0.0.1:${peerRpc}`,
-        ...(gpu === 'CPU' ? [] : ['-ts', '1/1']),
-      ]);
+      // The peer has the GGUF too (--rpc-weights): the head's load sends hashes, not weights.
+      const peer = await startEngine(['--rpc-port', String(peerRpc), '--rpc-weights', path], {
+        state: 'empty',
+        timeoutMs: 60_000,
+        env: peerEnv,
+      });
+      const head = await startEngine(
+        [
+          '-m',
+          path,
+          '-ngl',
+          String(opts.ngl),
+          '-fa',
+          'on',
+          '-c',
+          '4096',
+          '-np',
+          '1',
+          '--rpc',
+          `127.0.0.1:${peerRpc}`,
+          ...(gpu === 'CPU' ? [] : ['-ts', '1/1']),
+        ],
+        { env: headEnv },
+      );
       try {
         notes.combine.placements[label] = await placementOf(head.url);
         const r = await httpRates(head.url);
@@ -734,6 +751,25 @@ async function combine() {
             },
           }),
         );
+        if (solo) {
+          const soloAnchor = { name: 'llama-bench tg128 local, one GPU', unit: 'tok/s', samples: solo.tg };
+          add(
+            makeFigure({
+              name: `COMBINE decode ${label}, head engine HTTP, two GPUs, against SOLO on one GPU`,
+              unit: 'tok/s',
+              samples: r.decode,
+              anchor: soloAnchor,
+            }),
+          );
+          add(
+            makeFigure({
+              name: `upstream COMBINE decode ${label}, llama-bench --rpc, two GPUs, against SOLO on one GPU`,
+              unit: 'tok/s',
+              samples: anchor.tg,
+              anchor: soloAnchor,
+            }),
+          );
+        }
       } finally {
         await stopProcess(head.child);
         await stopProcess(peer.child);
