@@ -783,7 +783,7 @@ async function combine() {
       skip(`combine ${label}`, `${moe} missing`);
       return;
     }
-    if (!within(150, `combine ${label}`)) return;
+    if (!within(90, `combine ${label}`)) return;
     log(`combine ${label}: llama-bench local, and with the experts on stock ggml-rpc-server`);
     const local = llamaBench(['-m', moe, ...common], 300_000);
     const upstream = llamaBench(
