@@ -150,6 +150,37 @@ describe('Hydra session', () => {
     });
   });
 
+  it('delivers every reply before a FRAME_TOO_LARGE close, even with client bytes still unread', async () => {
+    // Closing a socket with unread input makes the kernel send RST at once, which throws away the
+    // replies still in the server's send queue (the client reads slowly here, so megabytes wait
+    // there). The session lingers instead: it reads and drops input until the client closes.
+    const { portNumber } = await serve({ maxFrameBytes: 1 << 20, handlers: echoHandlers() });
+    const header = Buffer.alloc(9);
+    header[0] = 0x40;
+    header.writeBigUInt64LE(BigInt((1 << 20) + 1), 1);
+    const big = JSON.stringify({ blob: 'x'.repeat(400_000) });
+    const requests = Array.from({ length: 20 }, () => frame(0x40, big));
+    const junk = Buffer.alloc(256 * 1024, 0x41);
+    const received = await new Promise<Buffer>((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      const socket = connect({ port: portNumber, host: '127.0.0.1' }, () => {
+        socket.write(Buffer.concat([...requests, header, junk]));
+        socket.pause();
+        setTimeout(() => socket.resume(), 300);
+      });
+      socket.on('data', (c) => chunks.push(c));
+      socket.on('error', (err: NodeJS.ErrnoException) =>
+        err.code === 'ECONNRESET' || err.code === 'EPIPE' ? undefined : reject(err),
+      );
+      socket.on('close', () => resolve(Buffer.concat(chunks)));
+    });
+    const frames = splitFrames(received);
+    expect(frames.map((f) => f.opcode)).toEqual([...requests.map(() => 0x40), 0x40]);
+    expect(decodePayload(frames[20]!.payload).value).toMatchObject({
+      error: { code: 'HYDRA_ERR_FRAME_TOO_LARGE' },
+    });
+  });
+
   it('closes when a later frame opens with a byte outside 0x30..0x46, after earlier replies', async () => {
     const { portNumber } = await serve({ handlers: echoHandlers() });
     const result = await rawExchange(portNumber, Buffer.concat([frame(0x31, '{}'), frame(0x0e, '')]), 2000);
