@@ -221,6 +221,21 @@ public:
     Napi::Promise promise() { return deferred.Promise(); }
 
     void Execute() override {
+        t_rpc_registering = true;
+        try {
+            add();
+        } catch (const hydra_rpc_abort & e) {
+            SetError("ggml-RPC server " + endpoint + ": " + trim(e.what()));
+        }
+        t_rpc_registering = false;
+    }
+    static std::string trim(std::string s) {
+        while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
+            s.pop_back();
+        }
+        return s;
+    }
+    void add() {
         static std::mutex mutex;
         static std::vector<std::string> registered;
         std::lock_guard<std::mutex> lock(mutex);
@@ -255,6 +270,8 @@ private:
     std::string endpoint;
     std::vector<hydra_device_info> devices;
 };
+
+thread_local bool t_rpc_registering = false;
 
 static Napi::Value rpc_server_add(const Napi::CallbackInfo & info) {
     auto * w = new rpc_add_worker(info.Env(), info[0].ToString().Utf8Value());

@@ -250,7 +250,10 @@ static void park_or_abort(const char * message) {
     // A thread serving a peer's ggml-RPC session: upstream asserts on hostile input (out-of-bounds
     // tensors, absurd shapes). Unwind that session alone; serve_rpc_fd catches, the peer's
     // connection closes, the engine lives on. ggml.c's frames carry x86-64 unwind tables.
-    if (t_rpc_serving) {
+    // A thread registering a peer: the connection or the HELLO failed (the peer went away after
+    // JS probed it, or resolves differently in C). The registration fails instead of parking; no
+    // dispatcher was cached yet, so a later attempt starts clean.
+    if (t_rpc_serving || t_rpc_registering) {
         throw hydra_rpc_abort(message != nullptr ? message : "ggml abort");
     }
     // The message opens with __FILE__ of the aborting source: only ggml-RPC's are parked.

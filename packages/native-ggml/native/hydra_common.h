@@ -160,9 +160,11 @@ hydra_device_info device_info_read(ggml_backend_dev_t dev);
 Napi::Object device_info_to_js(Napi::Env env, const hydra_device_info & info);
 Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev);
 
-// Set while a thread serves a ggml-RPC session: ggml aborts on that thread become hydra_rpc_abort
-// exceptions that end the session instead of the process (hydra_combine.cpp).
+// Set while a thread serves a ggml-RPC session, or registers a peer: ggml aborts on that thread
+// become hydra_rpc_abort exceptions that end the session (or fail the registration) instead of the
+// process (hydra_combine.cpp).
 extern thread_local bool t_rpc_serving;
+extern thread_local bool t_rpc_registering;
 struct hydra_rpc_abort : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

@@ -1,4 +1,5 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -95,4 +96,24 @@ describe('bad input gets a clear error with a code and leaves the process usable
     await expect(addRpcServer('not-an-endpoint')).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT' });
     await stillWorks();
   });
+
+  it('a peer that answers the HELLO probe and then goes away fails the registration, never hangs it', async () => {
+    // Answers one HELLO (the JS probe), then stops listening: llama.cpp's own connection is refused.
+    // Upstream aborts the process there; the park hook used to park the registering thread forever.
+    const server = createServer((socket: Socket) => {
+      server.close();
+      socket.once('data', () => {
+        const reply = Buffer.alloc(8 + 28);
+        reply.writeBigUInt64LE(28n, 0);
+        reply[8] = 6; // protocol 6.0.0
+        socket.end(reply);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as { port: number };
+    await expect(addRpcServer(`127.0.0.1:${port}`, { timeoutMs: 2000 })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_PEER_UNREACHABLE',
+    });
+    await stillWorks();
+  }, 20_000);
 });
