@@ -55,64 +55,36 @@ function parseArgs(argv) {
       if (!Number.isInteger(n) || n < 0) fail(`${flag} must be a non-negative integer`);
       return n;
     };
-    switch (flag) {
-      case '--only':
-        o.only = list();
-        for (const p of o.only) if (!PARTS.includes(p)) fail(`--only: unknown part ${p}`);
-        break;
-      case '--shapes':
-        o.shapes = list();
-        break;
-      case '--moe-shape':
-        o.moeShape = value();
-        break;
-      case '--rpc-shape':
-        o.rpcShape = value();
-        break;
-      case '--peer-gpu':
-        o.peerGpu = int();
-        break;
-      case '--combine-shapes':
-        o.combineShapes = list();
-        break;
-      case '--load-shape':
-        o.loadShape = value();
-        break;
-      case '--reps':
-        o.reps = Math.max(1, int());
-        break;
-      case '--cold-reps':
-        o.coldReps = int();
-        break;
-      case '--ngl':
-        o.ngl = int();
-        break;
-      case '--models':
-        o.models = resolve(value());
-        break;
-      case '--tools':
-        o.tools = resolve(value());
-        break;
-      case '--out':
-        o.out = resolve(value());
-        break;
-      case '--bandwidth-gbs':
-        o.bandwidthGbs = Number(value());
-        break;
-      case '--budget-s':
-        o.budgetS = int();
-        break;
-      case '--dry-run':
-        o.dryRun = true;
-        break;
-      case '--help':
-      case '-h':
-        console.log(USAGE);
-        process.exit(0);
-        break;
-      default:
-        fail(`unknown flag ${flag}`);
+    if (flag === '--help' || flag === '-h') {
+      console.log(USAGE);
+      process.exit(0);
     }
+    if (flag === '--dry-run') {
+      o.dryRun = true;
+      continue;
+    }
+    // flag -> option key and how its value is read
+    const readers = {
+      '--only': ['only', list],
+      '--shapes': ['shapes', list],
+      '--moe-shape': ['moeShape', value],
+      '--rpc-shape': ['rpcShape', value],
+      '--peer-gpu': ['peerGpu', int],
+      '--combine-shapes': ['combineShapes', list],
+      '--load-shape': ['loadShape', value],
+      '--reps': ['reps', () => Math.max(1, int())],
+      '--cold-reps': ['coldReps', int],
+      '--ngl': ['ngl', int],
+      '--models': ['models', () => resolve(value())],
+      '--tools': ['tools', () => resolve(value())],
+      '--out': ['out', () => resolve(value())],
+      '--bandwidth-gbs': ['bandwidthGbs', () => Number(value())],
+      '--budget-s': ['budgetS', int],
+    };
+    const reader = Object.hasOwn(readers, flag) ? readers[flag] : undefined;
+    if (!reader) fail(`unknown flag ${flag}`);
+    o[reader[0]] = reader[1]();
+    if (flag === '--only') for (const p of o.only) if (!PARTS.includes(p)) fail(`--only: unknown part ${p}`);
   }
   return o;
 }
@@ -529,15 +501,7 @@ async function solo() {
       '1',
     ]);
     try {
-      await complete(eng.url, promptOf(32, 999), 8); // warm-up, as llama-bench warms up
-      const decode = [];
-      const prefill = [];
-      for (let r = 0; r < opts.reps; r++) {
-        const d = await complete(eng.url, promptOf(16, r), 128);
-        decode.push(((d.completion - 1) * 1000) / d.decodeMs);
-        const p = await complete(eng.url, promptOf(512, 100 + r), 1);
-        prefill.push((p.prompt * 1000) / p.ttftMs);
-      }
+      const { decode, prefill } = await httpRates(eng.url);
       const limit = bw && {
         name: `memory bandwidth bound: ${bw.value} GB/s / ${(bytesPerToken(arch, shape) / 1e9).toFixed(2)} GB per token`,
         unit: 'tok/s',
@@ -647,7 +611,7 @@ async function placementOf(url) {
 
 /** Decode tok/s and prefill tok/s of `reps` streams through an engine's HTTP API (after a warm-up). */
 async function httpRates(url) {
-  await complete(url, promptOf(32, 999), 8);
+  await complete(url, promptOf(32, 999), 8); // warm-up, as llama-bench warms up
   const decode = [];
   const prefill = [];
   for (let r = 0; r < opts.reps; r++) {

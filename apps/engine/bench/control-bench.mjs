@@ -9,6 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { HydraClient, HydraPort } from '@hydra-engine/hydra-rpc';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { parseServeArgs, startEngine } from '../dist/index.js';
+import { freePort, summary } from './figures.mjs';
 
 const outArg = process.argv.indexOf('--out');
 const out = resolve(
@@ -19,22 +20,7 @@ const out = resolve(
 const N = 2000;
 const WARM = 200;
 
-function summary(name, unit, samples, anchor) {
-  const s = [...samples].sort((a, b) => a - b);
-  const q = (p) => s[Math.min(s.length - 1, Math.floor(p * s.length))];
-  const mean = s.reduce((x, y) => x + y, 0) / s.length;
-  const fig = { name, unit, samples: s.length, median: q(0.5), p99: q(0.99), mean, anchor: null };
-  if (anchor)
-    fig.anchor = {
-      name: anchor.name,
-      median: anchor.median,
-      p99: anchor.p99,
-      ratio: fig.median / anchor.median,
-    };
-  return fig;
-}
-
-async function roundTrips(client, fn) {
+async function roundTrips(fn) {
   for (let i = 0; i < WARM; i++) await fn(i);
   const samples = [];
   for (let i = 0; i < N; i++) {
@@ -45,16 +31,6 @@ async function roundTrips(client, fn) {
   return samples;
 }
 
-const freePort = async () => {
-  const { createServer } = await import('node:net');
-  return new Promise((r) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => r(p));
-    });
-  });
-};
-
 // Anchor: a bare port whose STATUS handler returns a constant.
 const bare = new HydraPort({
   handlers: { STATUS: () => ({ state: 'ready', epoch: 0 }) },
@@ -62,7 +38,7 @@ const bare = new HydraPort({
 });
 const { port: barePort } = await bare.listen();
 const bc = await HydraClient.connect({ port: barePort });
-const anchorSamples = await roundTrips(bc, () => bc.status());
+const anchorSamples = await roundTrips(() => bc.status());
 bc.close();
 await bare.close();
 const anchor = summary('bare HydraPort STATUS (constant handler)', 'us', anchorSamples);
@@ -92,11 +68,11 @@ const eng = await startEngine(
 );
 await eng.loaded;
 const c = await HydraClient.connect({ port: rpcPort });
-const status = summary('STATUS round trip (engine)', 'us', await roundTrips(c, () => c.status()), anchor);
+const status = summary('STATUS round trip (engine)', 'us', await roundTrips(() => c.status()), anchor);
 const t1 = summary(
   'T1 CONFIGURE round trip (sampling.temp alternating)',
   'us',
-  await roundTrips(c, (i) => c.configure({ 'sampling.temp': i % 2 ? 0.5 : 0.7 })),
+  await roundTrips((i) => c.configure({ 'sampling.temp': i % 2 ? 0.5 : 0.7 })),
   anchor,
 );
 const reloads = [];

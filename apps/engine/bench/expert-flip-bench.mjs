@@ -5,12 +5,12 @@
 //   node bench/expert-flip-bench.mjs [--out ../../benchmarks/results/engine-expert-flip.json]
 import { execSync, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { parseServeArgs, startEngine } from '../dist/index.js';
+import { freePort, summary } from './figures.mjs';
 
 const outArg = process.argv.indexOf('--out');
 const out = resolve(
@@ -20,30 +20,6 @@ const out = resolve(
 );
 const RPC_SERVER = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
   .pathname;
-
-function summary(name, unit, samples, anchor) {
-  const s = [...samples].sort((a, b) => a - b);
-  const q = (p) => s[Math.min(s.length - 1, Math.floor(p * s.length))];
-  const mean = s.reduce((x, y) => x + y, 0) / s.length;
-  const fig = { name, unit, samples: s.length, median: q(0.5), p99: q(0.99), mean, anchor: null };
-  if (anchor)
-    fig.anchor = {
-      name: anchor.name,
-      median: anchor.median,
-      p99: anchor.p99,
-      ratio: fig.median / anchor.median,
-    };
-  return fig;
-}
-
-const freePort = () =>
-  new Promise((res) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => res(port));
-    });
-  });
 
 const dir = mkdtempSync(join(tmpdir(), 'hydra-flip-bench-'));
 const moe = join(dir, 'moe.gguf');

@@ -891,7 +891,9 @@ export class Engine {
         }
         ahead = this.#chain(step);
         let out: { tokens: Int32Array };
-        this.#decodeSince = Math.max(step.queuedAt, this.#lastStepEnd);
+        // A step queued ahead starts on the device when the one before it ends.
+        const started = Math.max(step.queuedAt, this.#lastStepEnd);
+        this.#decodeSince = started;
         try {
           out = await step.result;
         } catch (err) {
@@ -912,7 +914,7 @@ export class Engine {
         const t1 = performance.now();
         this.#decodeSince = ahead ? t1 : undefined;
         this.counters.decodeSteps += 1;
-        this.counters.decodeSeconds += (t1 - Math.max(step.queuedAt, this.#lastStepEnd)) / 1000;
+        this.counters.decodeSeconds += (t1 - started) / 1000;
         this.#lastStepEnd = t1;
         let served = 0;
         for (let i = 0; i < step.jobs.length; i++) {

@@ -200,32 +200,3 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     },
   };
 }
-
-/** The Hydra STATUS reply (protocol.md). */
-export function statusOf(engine: Engine) {
-  const m = engine.model?.info;
-  return {
-    state: engine.state,
-    model: m
-      ? {
-          path: engine.modelPath ?? '',
-          arch: m.arch,
-          n_layer: m.nLayer,
-          n_params: m.nParams,
-          size: m.size,
-          n_ctx_train: m.nCtxTrain,
-        }
-      : null,
-    mode:
-      (engine.layers.get('rpc_servers') as string[]).length > 0 ? ('combined' as const) : ('solo' as const),
-    epoch: engine.epoch,
-    applied: engine.layers.overrides(),
-    deferred_keys: [] as string[],
-    slots: { total: engine.slots.total, busy: engine.slots.busy },
-    devices: engine
-      .devices()
-      .map(({ name, description, free, total }) => ({ name, description, free, total })),
-    ...(engine.placement ? { placement: engine.placement.rows } : {}),
-    ...(engine.degraded ? { degraded: engine.degraded } : {}),
-  };
-}

@@ -25,6 +25,48 @@ export async function variant(
 }
 
 /** Streams a completion; resolves with the text, the SSE error (if any) and the epoch header. */
+/** Reads an OpenAI completion SSE stream chunk by chunk: the text, the error event, the finish reason. */
+export class SseCompletion {
+  text = '';
+  error: { code: string } | undefined;
+  finish: string | undefined;
+  #buf = '';
+  #first = true;
+  readonly #onFirst: (() => void) | undefined;
+
+  constructor(onFirst?: () => void) {
+    this.#onFirst = onFirst;
+  }
+
+  push(chunk: string): void {
+    this.#buf += chunk;
+    for (let at = this.#buf.indexOf('\n\n'); at >= 0; at = this.#buf.indexOf('\n\n')) {
+      const line = this.#buf.slice(0, at).replace(/^data: /, '');
+      this.#buf = this.#buf.slice(at + 2);
+      if (line === '[DONE]' || line === '') continue;
+      const ev = JSON.parse(line);
+      if (ev.error) this.error = ev.error;
+      else if (ev.choices?.[0]) {
+        this.text += ev.choices[0].text ?? '';
+        if (ev.choices[0].finish_reason) this.finish = ev.choices[0].finish_reason;
+        if (this.#first) {
+          this.#first = false;
+          this.#onFirst?.();
+        }
+      }
+    }
+  }
+
+  /** The result fields, leaving out the error and finish reason when there were none. */
+  result(): { text: string; error?: { code: string }; finish?: string } {
+    return {
+      text: this.text,
+      ...(this.error ? { error: this.error } : {}),
+      ...(this.finish ? { finish: this.finish } : {}),
+    };
+  }
+}
+
 export async function stream(
   url: string,
   body: Record<string, unknown>,
@@ -45,39 +87,12 @@ export async function stream(
     const j = (await res.json()) as { error: { code: string } };
     return { text: '', error: j.error, epoch: res.headers.get('x-hydra-config-epoch'), status: res.status };
   }
-  let text = '';
-  let buf = '';
-  let error: { code: string } | undefined;
-  let finish: string | undefined;
-  let first = true;
+  const sse = new SseCompletion(onFirst);
   const dec = new TextDecoder();
   for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buf += dec.decode(chunk, { stream: true });
-    let at = buf.indexOf('\n\n');
-    while (at >= 0) {
-      const line = buf.slice(0, at).replace(/^data: /, '');
-      buf = buf.slice(at + 2);
-      at = buf.indexOf('\n\n');
-      if (line === '[DONE]') continue;
-      const ev = JSON.parse(line);
-      if (ev.error) error = ev.error;
-      else if (ev.choices?.[0]) {
-        text += ev.choices[0].text ?? '';
-        if (ev.choices[0].finish_reason) finish = ev.choices[0].finish_reason;
-        if (first) {
-          first = false;
-          onFirst?.();
-        }
-      }
-    }
+    sse.push(dec.decode(chunk, { stream: true }));
   }
-  return {
-    text,
-    ...(error ? { error } : {}),
-    ...(finish ? { finish } : {}),
-    epoch: res.headers.get('x-hydra-config-epoch'),
-    status: res.status,
-  };
+  return { ...sse.result(), epoch: res.headers.get('x-hydra-config-epoch'), status: res.status };
 }
 
 export async function complete(url: string, body: Record<string, unknown>) {

@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { SseCompletion } from './control-helpers.js';
 
 /**
  * Two network namespaces joined by one veth pair: a stand-in for two hosts on one machine.
@@ -242,40 +243,10 @@ export function streamUnix(
         timeout: timeoutMs,
       },
       (res) => {
-        let buf = '';
-        let text = '';
-        let error: { code: string } | undefined;
-        let finish: string | undefined;
-        let first = true;
+        const sse = new SseCompletion(onFirst);
         res.setEncoding('utf8');
-        res.on('data', (d: string) => {
-          buf += d;
-          let at = buf.indexOf('\n\n');
-          while (at >= 0) {
-            const line = buf.slice(0, at).replace(/^data: /, '');
-            buf = buf.slice(at + 2);
-            at = buf.indexOf('\n\n');
-            if (line === '[DONE]' || line === '') continue;
-            const ev = JSON.parse(line);
-            if (ev.error) error = ev.error;
-            else if (ev.choices?.[0]) {
-              text += ev.choices[0].text ?? '';
-              if (ev.choices[0].finish_reason) finish = ev.choices[0].finish_reason;
-              if (first) {
-                first = false;
-                onFirst();
-              }
-            }
-          }
-        });
-        res.on('end', () =>
-          resolve({
-            status: res.statusCode ?? 0,
-            text,
-            ...(error ? { error } : {}),
-            ...(finish ? { finish } : {}),
-          }),
-        );
+        res.on('data', (d: string) => sse.push(d));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, ...sse.result() }));
         res.on('error', reject);
       },
     );

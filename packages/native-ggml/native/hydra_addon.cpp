@@ -891,17 +891,23 @@ public:
     }
 
     void SetError(const std::string & message) { failed = message; }
-    hydra_context * c_ptr() const { return c; }
 
-    // JS thread.
-    void settle(Napi::Env env) {
-        if (failed.empty()) {
-            OnOK(env);
-        } else {
-            Napi::Error err = hydra_error_make(env, HYDRA_ERR_DECODE_FAILED, failed);
-            err.Set("status", Napi::Number::New(env, status));
-            deferred.Reject(err.Value());
+    // JS thread, through the context's `done` function (env is null when Node is shutting down).
+    static void settle(Napi::Env env, Napi::Function, decode_job * job) {
+        hydra_context * c = job->c;
+        if (env != nullptr) {
+            if (--c->pending == 0) {
+                c->done.Unref(env);
+            }
+            if (job->failed.empty()) {
+                job->OnOK(env);
+            } else {
+                Napi::Error err = hydra_error_make(env, HYDRA_ERR_DECODE_FAILED, job->failed);
+                err.Set("status", Napi::Number::New(env, job->status));
+                job->deferred.Reject(err.Value());
+            }
         }
+        delete job;
     }
 
     // Attaches each entry's chain (as a context-owned clone) for on-device sampling, so a step
@@ -1054,17 +1060,6 @@ static void context_claim(Napi::Env env, hydra_context * c) {
 }
 
 
-static void decode_settle(Napi::Env env, Napi::Function, decode_job * job) {
-    hydra_context * c = job->c_ptr();
-    if (env != nullptr) {
-        if (--c->pending == 0) {
-            c->done.Unref(env);
-        }
-        job->settle(env);
-    }
-    delete job;
-}
-
 // decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?}]) -> {tokens: Int32Array, logits}
 static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
@@ -1116,7 +1111,7 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     }
     c->runner->post([c, job] {
         job->execute();
-        c->done.BlockingCall(job, decode_settle);
+        c->done.BlockingCall(job, decode_job::settle);
     });
     return p;
 }

@@ -16,8 +16,8 @@
 //   spelling of the same IPv4 address: its first octet in octal, one more leading zero per loss
 //   (`0177.0.0.1:PORT`, `00177.0.0.1:PORT` for 127.0.0.1). inet_aton reads these as the same
 //   address in both resolvers that dial it (glibc's gethostbyname in llama.cpp, getaddrinfo in
-//   Node's HELLO probe); a hex spelling would pass Node's and fail glibc's digits-and-dots check. Its devices get new names
-//   (`RPC1`, ...); the configured endpoint stays the one the operator wrote.
+//   Node's HELLO probe); a hex spelling would pass Node's and fail glibc's digits-and-dots check.
+//   Its devices get new names (`RPC1`, ...); the configured endpoint stays the one written.
 import { lookup } from 'node:dns/promises';
 import { isIPv4 } from 'node:net';
 import { addRpcServer, type Device, listDevices } from '@hydra-engine/native-ggml';
@@ -29,11 +29,10 @@ const buffers = new Map<string, string[]>();
 const lost = new Set<string>();
 /** Device names of every lost registration: never listed or used again. */
 const dead = new Set<string>();
-/** How many times each peer was lost: the spelling of its next registration. */
+/** How many times each peer was lost (the spelling of its next registration); empty: none ever. */
 const losses = new Map<string, number>();
 /** The endpoint string each configured peer was registered under. */
 const wire = new Map<string, string>();
-let anyLost = false;
 let local: Device[] | undefined;
 let last: Device[] = [];
 
@@ -93,15 +92,9 @@ async function respell(endpoint: string, generation: number): Promise<string> {
 
 /** Marks a peer lost: its devices are dead for good and the device list stops refreshing. */
 export function markPeerLost(endpoint: string): void {
-  anyLost = true;
   for (const name of endpoints.get(endpoint) ?? []) dead.add(name);
   if (!lost.has(endpoint)) losses.set(endpoint, (losses.get(endpoint) ?? 0) + 1);
   lost.add(endpoint);
-}
-
-/** Peers lost and not registered again since. */
-export function lostPeers(): string[] {
-  return [...lost];
 }
 
 /**
@@ -111,7 +104,7 @@ export function lostPeers(): string[] {
  */
 export function safeDevices(): Device[] {
   try {
-    if (!anyLost) {
+    if (losses.size === 0) {
       last = listDevices();
       return last;
     }
