@@ -80,8 +80,6 @@ async function llamaBench(model, extra = []) {
     '512',
     '-n',
     '128',
-    '-r',
-    '3',
     '-o',
     'json',
     ...extra,
@@ -96,6 +94,20 @@ async function llamaBench(model, extra = []) {
   };
 }
 
+function mergeAnchors(a, b) {
+  const med = (xs) => {
+    const s = [...xs].sort((x, y) => x - y);
+    return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+  };
+  const avg = (r) => ({ pp: r.pp.median, tg: r.tg.median });
+  return {
+    pp: { median: med([...a.pp.samples, ...b.pp.samples]) },
+    tg: { median: med([...a.tg.samples, ...b.tg.samples]) },
+    before: avg(a),
+    after: avg(b),
+  };
+}
+
 async function ensureModel(arch, shape) {
   mkdirSync(modelsDir, { recursive: true });
   const out = join(modelsDir, `${arch}-${shape}-q4_0.gguf`);
@@ -107,21 +119,30 @@ async function ensureModel(arch, shape) {
   return out;
 }
 
-// Decode loops through the binding. Modes: 'backend' samples on the device and awaits each step;
-// 'chained' too, but queues step k+1 (follow: the token sampled at step k) before step k ends, as
-// the engine does; 'chained-ctx768' the same in a small context (llama-bench sizes its own to the test); 'cpu' copies the
-// logits and samples on the host; 'none' samples nothing (the call path alone, as llama-bench's tg).
+// Decode loops through the binding, measured as llama-bench measures: prefill and decode are
+// separate tests, each warmed up first (pp: one 512-token call; tg: one single-token step, as
+// llama-bench's `test_gen(ctx, 1)`), then 5 repetitions from an empty KV cache. Modes: 'backend'
+// samples on the device and awaits each step; 'chained' too, but queues step k+1 (follow: the token
+// sampled at step k) before step k ends, as the engine does; 'cpu' copies the logits and samples on
+// the host; 'none' samples nothing (the call path alone, as llama-bench's tg). 'after-prefill' is
+// 'chained' with a 512-token prefill before each repetition (the methodology of earlier runs): its
+// first step rebuilds the graph and re-captures the CUDA graph, which llama-bench's tg reps never do.
 const MODES = {
   backend: { backendSampling: true, sampler: true },
   chained: { backendSampling: true, sampler: true, chained: true },
-  'chained-ctx768': { backendSampling: true, sampler: true, chained: true, nCtx: 768 },
+  'after-prefill': { backendSampling: true, sampler: true, chained: true, prefillEachRep: true },
+  'chained-cpu': { backendSampling: false, sampler: true, chained: true },
   cpu: { backendSampling: false, sampler: true },
   none: { backendSampling: true, sampler: false },
+  'none-chained': { backendSampling: true, sampler: false, chained: true },
+  'none-chained-ctx256': { backendSampling: true, sampler: false, chained: true, nCtx: 256 },
 };
+const REPS = Number(args.reps ?? 5);
 
 async function nativeDecode(modelPath, modes) {
   const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
   const out = {};
+  const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
   for (const mode of modes) {
     const m = MODES[mode];
     const ctx = await model.createContext({
@@ -131,44 +152,113 @@ async function nativeDecode(modelPath, modes) {
       flashAttn: 'auto',
       backendSampling: m.backendSampling,
     });
+    const sampler = m.sampler ? model.createSampler({ temp: 0 }) : undefined;
     const pp = [];
     const tg = [];
-    for (let rep = 0; rep < 5; rep++) {
+    const stepMs = []; // intervals between consecutive step completions, every rep
+    const firstMs = []; // call to completion of each rep's first step
+    const prefill = async () => {
       ctx.clear();
-      const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
-      let t0 = performance.now();
+      const t0 = performance.now();
       await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, logits: false }]);
-      const ppTs = 512 / ((performance.now() - t0) / 1000);
-      ctx.clear();
-      const sampler = m.sampler ? model.createSampler({ temp: 0 }) : undefined;
+      return 512 / ((performance.now() - t0) / 1000);
+    };
+    const randomToken = (i) => 3 + ((i * 7919) % (model.info.nVocab - 3));
+    const generate = async (n) => {
       let token = model.info.bos;
-      t0 = performance.now();
+      const t0 = performance.now();
+      let last = t0;
+      const done = (i) => {
+        const now = performance.now();
+        if (i === 0) firstMs.push(now - t0);
+        else stepMs.push(now - last);
+        last = now;
+      };
       if (m.chained) {
         let prev = ctx.decode([{ seq: 0, pos: 0, tokens: [token], sampler }]);
-        for (let i = 1; i < 128; i++) {
-          const next = ctx.decode([{ seq: 0, pos: i, follow: true, sampler }]);
+        for (let i = 1; i < n; i++) {
+          const next = ctx.decode([
+            sampler
+              ? { seq: 0, pos: i, follow: true, sampler }
+              : { seq: 0, pos: i, tokens: [randomToken(i)] },
+          ]);
           await prev;
+          done(i - 1);
           prev = next;
         }
         await prev;
+        done(n - 1);
       } else {
-        for (let i = 0; i < 128; i++) {
+        for (let i = 0; i < n; i++) {
           const r = await ctx.decode([{ seq: 0, pos: i, tokens: [token], sampler }]);
-          token = sampler ? r.tokens[0] : 3 + ((i * 7919) % (model.info.nVocab - 3));
+          done(i);
+          token = sampler ? r.tokens[0] : randomToken(i);
         }
       }
-      const tgTs = 128 / ((performance.now() - t0) / 1000);
-      sampler?.dispose();
-      if (rep > 0) {
-        pp.push(ppTs);
-        tg.push(tgTs);
-      }
+      return n / ((performance.now() - t0) / 1000);
+    };
+    if (mode === 'backend') {
+      await prefill(); // warm-up
+      for (let rep = 0; rep < REPS; rep++) pp.push(await prefill());
     }
+    ctx.clear();
+    await generate(1); // warm-up
+    stepMs.length = 0;
+    firstMs.length = 0;
+    for (let rep = 0; rep < REPS; rep++) {
+      if (m.prefillEachRep) await prefill();
+      ctx.clear();
+      tg.push(await generate(128));
+    }
+    sampler?.dispose();
     await ctx.dispose();
-    out[mode] = { pp, tg };
+    const sorted = [...stepMs].sort((a, b) => a - b);
+    out[mode] = {
+      pp,
+      tg,
+      steps: {
+        median_ms: sorted[Math.floor(sorted.length / 2)],
+        p90_ms: sorted[Math.floor(sorted.length * 0.9)],
+        max_ms: sorted.at(-1),
+        first_ms: firstMs,
+      },
+    };
   }
   model.dispose();
   return out;
+}
+
+// Greedy generation through the binding equals upstream llama-simple's on the same GPU, model and
+// prompt (the tests' check, on a full-size model): llama-simple prints each piece as it goes.
+const GREEDY_PROMPT = 'Hello world, this is a test';
+async function greedyCheck(modelPath, n = 32) {
+  const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
+  try {
+    const ctx = await model.createContext({ nCtx: 512, nBatch: 512 });
+    const sampler = model.createSampler({ temp: 0 });
+    const prompt = model.tokenize(GREEDY_PROMPT);
+    let r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler }]);
+    const ours = [r.tokens[0]];
+    for (let i = 1; i < n; i++) {
+      r = await ctx.decode([{ seq: 0, pos: prompt.length + i - 1, tokens: [ours.at(-1)], sampler }]);
+      ours.push(r.tokens[0]);
+    }
+    sampler.dispose();
+    await ctx.dispose();
+    const text = Buffer.concat([...prompt, ...ours].map((t) => model.tokenBytes(t, true))).toString('utf8');
+    const upstream = await run(join(bin, 'llama-simple'), [
+      '-m',
+      modelPath,
+      '-ngl',
+      '99',
+      '-n',
+      String(n),
+      GREEDY_PROMPT,
+    ]);
+    return { tokens: n, equal: upstream.trimEnd() === text.trimEnd(), ours: text, upstream };
+  } finally {
+    model.dispose();
+  }
 }
 
 // The resolver's split planner predicts, from the GGUF header alone, what a load will take on the
@@ -283,38 +373,51 @@ async function startEngine(modelPath, extra = []) {
   return { port, rpcPort, child, stop: () => child.kill('SIGTERM') };
 }
 
+// Decode tok/s of one stream: the tokens after the first over the time from the first token's
+// chunk to the chunk that ends the stream (finish_reason), which is sent when the last token is.
+// Counted from usage, not from chunks: the finish chunk carries no token (counting it inflated
+// earlier runs' figures by 128/127), and a token that ends inside a UTF-8 sequence sends none.
 async function httpDecode(port) {
   const rates = [];
-  for (let rep = 0; rep < 4; rep++) {
+  for (let rep = 0; rep <= REPS; rep++) {
     const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: 'The history of', max_tokens: 128, temperature: 0, stream: true }),
+      body: JSON.stringify({
+        prompt: 'The history of',
+        max_tokens: 128,
+        temperature: 0,
+        ignore_eos: true,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
     });
     const reader = res.body.getReader();
     const decoder = new TextDecoder();
     let buf = '';
     let first = 0;
-    let last = 0;
-    let chunks = 0;
+    let finish = 0;
+    let usage;
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
+      const now = performance.now();
       buf += decoder.decode(value, { stream: true });
       for (let at = buf.indexOf('\n\n'); at >= 0; at = buf.indexOf('\n\n')) {
         const event = buf.slice(0, at);
         buf = buf.slice(at + 2);
         if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
         const json = JSON.parse(event.slice(6));
-        if (json.usage && !json.choices?.length) continue;
-        const now = performance.now();
+        if (json.usage) usage = json.usage;
+        const choice = json.choices?.[0];
+        if (!choice) continue;
         if (!first) first = now;
-        last = now;
-        chunks += 1;
+        if (choice.finish_reason) finish = now;
       }
     }
-    // Tokens after the first one over the time they took (the first carries prefill).
-    if (rep > 0 && chunks > 8) rates.push((chunks - 1) / ((last - first) / 1000));
+    if (!usage || !finish) throw new Error('stream ended without usage or finish_reason');
+    // rep 0 warms up, as llama-bench does.
+    if (rep > 0) rates.push((usage.completion_tokens - 1) / ((finish - first) / 1000));
   }
   return rates;
 }
@@ -403,43 +506,51 @@ async function main() {
     let anchor;
     if (only.has('native') || only.has('http')) {
       log(`llama-bench local ${shape}`);
-      anchor = await llamaBench(model, ['-ngl', '99']);
+      anchor = await llamaBench(model, ['-ngl', '99', '-r', String(REPS)]);
     }
     if (only.has('native')) {
+      log(`greedy generation ${shape}: binding vs llama-simple`);
+      const greedy = await greedyCheck(model);
+      result.notes[`greedy ${shape}`] = greedy;
+      log(
+        `greedy ${shape}: ${greedy.tokens} tokens, ${greedy.equal ? 'equal to' : 'DIFFERENT from'} llama-simple`,
+      );
       log(`native decode loop ${shape}`);
-      const n = await nativeDecode(model, ['backend', 'chained', 'chained-ctx768', 'cpu', 'none']);
+      const n = await nativeDecode(model, Object.keys(MODES));
+      // A second llama-bench after the loops: the anchor is the median of both runs' repetitions,
+      // so drift of the GPU over the minute the loops take counts against neither side.
+      const again = await llamaBench(model, ['-ngl', '99', '-r', String(REPS)]);
+      anchor = mergeAnchors(anchor, again);
+      result.notes[`llama-bench ${shape}`] = { before: anchor.before, after: anchor.after };
+      const tg128 = {
+        name: 'llama-bench tg128 (median of the repetitions of two runs)',
+        unit: 'tokens/s',
+        median: anchor.tg.median,
+      };
       figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
-        name: 'llama-bench pp512',
+        name: 'llama-bench pp512 (median of the repetitions of two runs)',
         unit: 'tokens/s',
         median: anchor.pp.median,
       });
-      figure(`${shape} q4_0 decode, native loop, greedy sampled on the device`, 'tokens/s', n.backend.tg, {
-        name: 'llama-bench tg128',
-        unit: 'tokens/s',
-        median: anchor.tg.median,
-      });
-      figure(
-        `${shape} q4_0 decode, native loop, sampled on the device, next step queued ahead (follow)`,
-        'tokens/s',
-        n.chained.tg,
-        { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
-      );
-      figure(
-        `${shape} q4_0 decode, native loop, next step queued ahead, n_ctx 768 (llama-bench size)`,
-        'tokens/s',
-        n['chained-ctx768'].tg,
-        { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
-      );
-      figure(`${shape} q4_0 decode, native loop, greedy sampled on the CPU`, 'tokens/s', n.cpu.tg, {
-        name: 'llama-bench tg128',
-        unit: 'tokens/s',
-        median: anchor.tg.median,
-      });
-      figure(`${shape} q4_0 decode, native loop, no sampling (call path only)`, 'tokens/s', n.none.tg, {
-        name: 'llama-bench tg128',
-        unit: 'tokens/s',
-        median: anchor.tg.median,
-      });
+      const labels = {
+        chained: 'decode, native loop, sampled on the device, next step queued ahead (follow)',
+        backend: 'decode, native loop, greedy sampled on the device, each step awaited',
+        'after-prefill':
+          'decode, native loop, next step queued ahead, a 512-token prefill before each repetition',
+        'chained-cpu': 'decode, native loop, greedy sampled on the CPU, next step queued ahead',
+        cpu: 'decode, native loop, greedy sampled on the CPU',
+        none: 'decode, native loop, no sampling and no output row (call path only)',
+        'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
+        'none-chained-ctx256':
+          'decode, native loop, no sampling and no output row, next step queued ahead, n_ctx 256',
+      };
+      for (const [mode, label] of Object.entries(labels)) {
+        figure(`${shape} q4_0 ${label}`, 'tokens/s', n[mode].tg, tg128);
+        result.notes[`steps ${shape} ${mode}`] = {
+          ...n[mode].steps,
+          llama_bench_ms_per_token: 1000 / anchor.tg.median,
+        };
+      }
       save();
     }
     if (only.has('http') || only.has('hello') || only.has('rpc')) {

@@ -1,14 +1,22 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { detachFd, peekFirstByte, probeRpcServer } from '../src/index.js';
+import { addonCandidates, detachFd, peekFirstByte, probeRpcServer } from '../src/index.js';
 import { writeSyntheticModel } from '../src/synth/index.js';
 
-export const binDir = fileURLToPath(new URL('../build/bin/', import.meta.url));
+/**
+ * The stock upstream tools built beside the addon the loader picks (build-cuda/bin/ for a CUDA
+ * build, else build/bin/), so a GPU run compares against the same backend; HYDRA_LLAMA_TOOLS wins.
+ */
+export const binDir =
+  process.env.HYDRA_LLAMA_TOOLS ??
+  dirname(
+    addonCandidates().find((p) => existsSync(p)) ?? fileURLToPath(new URL('../build/bin/x', import.meta.url)),
+  );
 const fixtures = fileURLToPath(new URL('./fixtures/', import.meta.url));
 
 export async function tinyModel(

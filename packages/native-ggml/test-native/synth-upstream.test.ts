@@ -6,13 +6,14 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel } from '../src/synth/index.js';
+import { binDir } from './helpers.js';
 
 // The stock upstream tools built from the pin load and run every tiny synthetic variant. Without
 // the tools this suite is skipped, unless HYDRA_REQUIRE_NATIVE=1 makes their absence a failure.
 
 const run = promisify(execFile);
 const pkg = new URL('..', import.meta.url).pathname;
-const toolDirs = [process.env.HYDRA_LLAMA_TOOLS, join(pkg, 'build/Release'), join(pkg, 'build/bin')].filter(
+const toolDirs = [binDir, join(pkg, 'build/Release'), join(pkg, 'build/bin')].filter(
   (d): d is string => typeof d === 'string' && d.length > 0,
 );
 const tool = (name: string): string | undefined =>
