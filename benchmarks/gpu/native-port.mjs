@@ -8,6 +8,8 @@
 //   node benchmarks/dist/gpu/native-port.cjs --models DIR --out FILE [--only native,http,hello,rpc]
 //        [--shapes 8b,27b] [--bin packages/native-ggml/build-cuda/bin] [--stock-devices CUDA0]
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
+//        [--modes chained,none,...]  (--only native: which decode loops, default all) [--reps 5]
+// HYDRA_DEVICE_GREEDY=1 in the environment keeps greedy sampling on the device (see native-ggml).
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -122,17 +124,18 @@ async function ensureModel(arch, shape) {
 // Decode loops through the binding, measured as llama-bench measures: prefill and decode are
 // separate tests, each warmed up first (pp: one 512-token call; tg: one single-token step, as
 // llama-bench's `test_gen(ctx, 1)`), then 5 repetitions from an empty KV cache. Modes: 'backend'
-// samples on the device and awaits each step; 'chained' too, but queues step k+1 (follow: the token
-// sampled at step k) before step k ends, as the engine does; 'cpu' copies the logits and samples on
-// the host; 'none' samples nothing (the call path alone, as llama-bench's tg). 'after-prefill' is
-// 'chained' with a 512-token prefill before each repetition (the methodology of earlier runs): its
-// first step rebuilds the graph and re-captures the CUDA graph, which llama-bench's tg reps never do.
+// samples greedily (on the host, or on the device with HYDRA_DEVICE_GREEDY=1) and awaits each step;
+// 'chained' too, but queues step k+1 (follow: the token sampled at step k) before step k ends, as
+// the engine does; 'after-prefill' is 'chained' with a 512-token prefill before each repetition (the
+// methodology of earlier runs): its first step rebuilds the graph and re-captures the CUDA graph,
+// which llama-bench's tg repetitions never do. 'none' samples nothing and reads nothing back (no
+// output row, so less work than llama-bench's tg, which computes the logits it ignores): the call
+// path alone; 'none-chained' queues those steps ahead with llama-bench-like pseudo-random tokens,
+// and '-ctx256' in llama-bench's context size.
 const MODES = {
   backend: { backendSampling: true, sampler: true },
   chained: { backendSampling: true, sampler: true, chained: true },
   'after-prefill': { backendSampling: true, sampler: true, chained: true, prefillEachRep: true },
-  'chained-cpu': { backendSampling: false, sampler: true, chained: true },
-  cpu: { backendSampling: false, sampler: true },
   none: { backendSampling: true, sampler: false },
   'none-chained': { backendSampling: true, sampler: false, chained: true },
   'none-chained-ctx256': { backendSampling: true, sampler: false, chained: true, nCtx: 256 },
@@ -516,7 +519,8 @@ async function main() {
         `greedy ${shape}: ${greedy.tokens} tokens, ${greedy.equal ? 'equal to' : 'DIFFERENT from'} llama-simple`,
       );
       log(`native decode loop ${shape}`);
-      const n = await nativeDecode(model, Object.keys(MODES));
+      const modes = args.modes ? args.modes.split(',') : Object.keys(MODES);
+      const n = await nativeDecode(model, modes);
       // A second llama-bench after the loops: the anchor is the median of both runs' repetitions,
       // so drift of the GPU over the minute the loops take counts against neither side.
       const again = await llamaBench(model, ['-ngl', '99', '-r', String(REPS)]);
@@ -527,24 +531,24 @@ async function main() {
         unit: 'tokens/s',
         median: anchor.tg.median,
       };
-      figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
-        name: 'llama-bench pp512 (median of the repetitions of two runs)',
-        unit: 'tokens/s',
-        median: anchor.pp.median,
-      });
+      if (n.backend)
+        figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
+          name: 'llama-bench pp512 (median of the repetitions of two runs)',
+          unit: 'tokens/s',
+          median: anchor.pp.median,
+        });
+      // Greedy samples on the host (native-ggml's logits_argmax) unless HYDRA_DEVICE_GREEDY=1.
+      const where = process.env.HYDRA_DEVICE_GREEDY === '1' ? 'greedy on the device' : 'greedy on the host';
       const labels = {
-        chained: 'decode, native loop, sampled on the device, next step queued ahead (follow)',
-        backend: 'decode, native loop, greedy sampled on the device, each step awaited',
-        'after-prefill':
-          'decode, native loop, next step queued ahead, a 512-token prefill before each repetition',
-        'chained-cpu': 'decode, native loop, greedy sampled on the CPU, next step queued ahead',
-        cpu: 'decode, native loop, greedy sampled on the CPU',
+        chained: `decode, native loop, ${where}, next step queued ahead (follow)`,
+        backend: `decode, native loop, ${where}, each step awaited`,
+        'after-prefill': `decode, native loop, ${where}, next step queued ahead, a 512-token prefill before each repetition`,
         none: 'decode, native loop, no sampling and no output row (call path only)',
         'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
         'none-chained-ctx256':
           'decode, native loop, no sampling and no output row, next step queued ahead, n_ctx 256',
       };
-      for (const [mode, label] of Object.entries(labels)) {
+      for (const [mode, label] of Object.entries(labels).filter(([mode]) => n[mode])) {
         figure(`${shape} q4_0 ${label}`, 'tokens/s', n[mode].tg, tg128);
         result.notes[`steps ${shape} ${mode}`] = {
           ...n[mode].steps,

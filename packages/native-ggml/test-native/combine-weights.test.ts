@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rpcWeightsIndexAdd, rpcWeightsIndexInfo } from '../src/index.js';
 import { synthHparams, writeSyntheticModel } from '../src/synth/index.js';
-import { maxAbsDiff, rpcClient, startFdServer } from './helpers.js';
+import { CPU_PEER, maxAbsDiff, rpcClient, startFdServer } from './helpers.js';
 
 const PROMPT = 'Hello world, this is a test';
 const F16 = 2;
@@ -34,7 +34,7 @@ describe('no weight transfer: SET_TENSOR_HASH answered from the peer own GGUF', 
     other = join(dir, 'wide-b.gguf');
     await writeSyntheticModel({ arch: 'llama', shape: 'small-wide', quant: 'f16', seed: 7, out: indexed });
     await writeSyntheticModel({ arch: 'llama', shape: 'small-wide', quant: 'f16', seed: 8, out: other });
-    server = await startFdServer();
+    server = await startFdServer(CPU_PEER);
   }, 120_000);
   afterAll(() => server.close());
 

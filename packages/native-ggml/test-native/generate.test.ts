@@ -37,6 +37,25 @@ describe.each(['f32', 'q8_0', 'q4_0'] as const)('greedy generation on the tiny %
     expect(await greedy(model, PROMPT, 16)).toEqual(await greedy(model, PROMPT, 16));
   });
 
+  it('samples the first index of the largest logit', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    try {
+      const tokens = model.tokenize(PROMPT);
+      let r = await ctx.decode([{ seq: 0, pos: 0, tokens, sampler, logits: true }]);
+      for (let i = 0; i < 6; i++) {
+        const row = r.logits[0]!;
+        let best = 0;
+        for (let j = 1; j < row.length; j++) if (row[j]! > row[best]!) best = j;
+        expect(r.tokens[0]).toBe(best);
+        r = await ctx.decode([{ seq: 0, pos: tokens.length + i, tokens: [best], sampler, logits: true }]);
+      }
+    } finally {
+      sampler.dispose();
+      await ctx.dispose();
+    }
+  });
+
   it('equals upstream llama-simple for the same model and prompt', async () => {
     const ours = await greedy(model, PROMPT, 16);
     // llama-simple prints each token's piece (special pieces too) as it goes.

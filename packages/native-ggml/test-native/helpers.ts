@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { addonCandidates, detachFd, peekFirstByte, probeRpcServer } from '../src/index.js';
+import { addonCandidates, detachFd, listDevices, peekFirstByte, probeRpcServer } from '../src/index.js';
 import { writeSyntheticModel } from '../src/synth/index.js';
 
 /**
@@ -47,7 +47,23 @@ export interface ClientResult {
   generated: number[];
 }
 
-/** Runs the RPC client fixture in its own process. */
+/**
+ * The devices a peer serves in logits comparisons against the local baseline, which computes on the
+ * CPU (`rpcClient` without an endpoint): the comparison is of the transport, not of two backends.
+ * By default a peer serves its GPU, whose kernels differ from the CPU's by 2e-3 to 7e-3 on the
+ * tiny f32 model (measured on the H200), far above the 1e-4 the transport must keep.
+ */
+export const CPU_PEER = ['CPU'];
+
+/** Whether this machine has a GPU the loaded addon can use. */
+export function hasGpu(): boolean {
+  return listDevices().some((d) => d.type === 'gpu');
+}
+
+/**
+ * Runs the RPC client fixture in its own process: without an endpoint the model computes locally on
+ * the CPU; with `local-gpu` as the endpoint, on the local GPU with `ngl` layers.
+ */
 export async function rpcClient(
   model: string,
   prompt: string,
@@ -64,7 +80,7 @@ export async function rpcClient(
  * A minimal merged-port stand-in built from this package's pieces only: peek (not consume) the
  * first byte, detach the fd, serve the session in a worker thread with rpc-worker.
  */
-export async function startFdServer(): Promise<{
+export async function startFdServer(devices?: string[]): Promise<{
   port: number;
   firstBytes: number[];
   sessions: Promise<unknown>[];
@@ -83,7 +99,9 @@ export async function startFdServer(): Promise<{
       const served = detachFd(fd);
       socket.destroy();
       const stats = new BigUint64Array(new SharedArrayBuffer(24));
-      const worker = new Worker(join(fixtures, 'serve-worker.mjs'), { workerData: { fd: served, stats } });
+      const worker = new Worker(join(fixtures, 'serve-worker.mjs'), {
+        workerData: { fd: served, stats, devices },
+      });
       sessions.push(
         new Promise((resolve, reject) => {
           worker.once('message', resolve);
@@ -113,9 +131,12 @@ export async function freePort(): Promise<number> {
 }
 
 /** Starts the stock upstream ggml-rpc-server built from the same pin; resolves once it listens. */
-export async function startStockRpcServer(): Promise<{ endpoint: string; child: ChildProcess }> {
+export async function startStockRpcServer(
+  devices?: string[],
+): Promise<{ endpoint: string; child: ChildProcess }> {
   const port = await freePort();
-  const child = spawn(join(binDir, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(port)], {
+  const args = ['-H', '127.0.0.1', '-p', String(port), ...(devices ? ['-d', devices.join(',')] : [])];
+  const child = spawn(join(binDir, 'ggml-rpc-server'), args, {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const endpoint = `127.0.0.1:${port}`;

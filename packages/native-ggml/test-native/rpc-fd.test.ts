@@ -2,6 +2,8 @@ import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   type ClientResult,
+  CPU_PEER,
+  hasGpu,
   maxAbsDiff,
   rpcClient,
   startFdServer,
@@ -22,7 +24,7 @@ describe('ggml-RPC served on a handed-over fd', () => {
   describe('through serveRpcFd (peek, detach, worker thread)', () => {
     let server: Awaited<ReturnType<typeof startFdServer>>;
     beforeAll(async () => {
-      server = await startFdServer();
+      server = await startFdServer(CPU_PEER);
     });
     afterAll(() => server.close());
 
@@ -64,7 +66,7 @@ describe('ggml-RPC served on a handed-over fd', () => {
 
   describe('the stock upstream ggml-rpc-server from the same pin', () => {
     it('gives the same logits and tokens (interop baseline)', async () => {
-      const stock = await startStockRpcServer();
+      const stock = await startStockRpcServer(CPU_PEER);
       try {
         const remote = await rpcClient(model, PROMPT, stock.endpoint, 99);
         expect(maxAbsDiff(remote.logits, local.logits)).toBeLessThan(1e-4);
@@ -72,6 +74,22 @@ describe('ggml-RPC served on a handed-over fd', () => {
       } finally {
         stock.child.kill('SIGKILL');
       }
+    }, 120_000);
+  });
+
+  // On a GPU machine: a peer serving its GPU computes what the same GPU computes locally.
+  describe.runIf(hasGpu())('a peer serving its GPU', () => {
+    let server: Awaited<ReturnType<typeof startFdServer>>;
+    beforeAll(async () => {
+      server = await startFdServer(['CUDA0']);
+    });
+    afterAll(() => server.close());
+
+    it('all layers on the peer GPU give the local GPU logits (1e-4) and tokens', async () => {
+      const localGpu = await rpcClient(model, PROMPT, 'local-gpu', 99);
+      const remote = await rpcClient(model, PROMPT, `127.0.0.1:${server.port}`, 99);
+      expect(maxAbsDiff(remote.logits, localGpu.logits)).toBeLessThan(1e-4);
+      expect(remote.generated).toEqual(localGpu.generated);
     }, 120_000);
   });
 });
