@@ -8,8 +8,8 @@
 //   node benchmarks/dist/gpu/native-port.cjs --models DIR --out FILE [--only native,http,hello,rpc]
 //        [--shapes 8b,27b] [--bin packages/native-ggml/build-cuda/bin] [--stock-devices CUDA0]
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
-//        [--modes chained,none,...]  (--only native: which decode loops, default all) [--reps 5]
-// HYDRA_DEVICE_GREEDY=1 in the environment keeps greedy sampling on the device (see native-ggml).
+//        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
+//                                     `chained#2` runs one again) [--reps 5] [--threads N]
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -124,7 +124,7 @@ async function ensureModel(arch, shape) {
 // Decode loops through the binding, measured as llama-bench measures: prefill and decode are
 // separate tests, each warmed up first (pp: one 512-token call; tg: one single-token step, as
 // llama-bench's `test_gen(ctx, 1)`), then 5 repetitions from an empty KV cache. Modes: 'backend'
-// samples greedily (on the host, or on the device with HYDRA_DEVICE_GREEDY=1) and awaits each step;
+// samples greedily on the device and awaits each step;
 // 'chained' too, but queues step k+1 (follow: the token sampled at step k) before step k ends, as
 // the engine does; 'after-prefill' is 'chained' with a 512-token prefill before each repetition (the
 // methodology of earlier runs): its first step rebuilds the graph and re-captures the CUDA graph,
@@ -147,8 +147,11 @@ async function nativeDecode(modelPath, modes) {
   const out = {};
   const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
   for (const mode of modes) {
-    const m = MODES[mode];
+    // `chained#2`: the `chained` loop again, in a later context of the same process.
+    const m = MODES[mode.split('#')[0]];
+    if (!m) throw new Error(`unknown mode ${mode}; modes: ${Object.keys(MODES).join(', ')}`);
     const ctx = await model.createContext({
+      ...(args.threads ? { nThreads: Number(args.threads) } : {}),
       nCtx: m.nCtx ?? 4096,
       nBatch: 2048,
       nUbatch: 512,
@@ -200,7 +203,7 @@ async function nativeDecode(modelPath, modes) {
       }
       return n / ((performance.now() - t0) / 1000);
     };
-    if (mode === 'backend') {
+    if (mode.split('#')[0] === 'backend') {
       await prefill(); // warm-up
       for (let rep = 0; rep < REPS; rep++) pp.push(await prefill());
     }
@@ -537,18 +540,20 @@ async function main() {
           unit: 'tokens/s',
           median: anchor.pp.median,
         });
-      // Greedy samples on the host (native-ggml's logits_argmax) unless HYDRA_DEVICE_GREEDY=1.
-      const where = process.env.HYDRA_DEVICE_GREEDY === '1' ? 'greedy on the device' : 'greedy on the host';
       const labels = {
-        chained: `decode, native loop, ${where}, next step queued ahead (follow)`,
-        backend: `decode, native loop, ${where}, each step awaited`,
-        'after-prefill': `decode, native loop, ${where}, next step queued ahead, a 512-token prefill before each repetition`,
+        chained: `decode, native loop, greedy sampled on the device, next step queued ahead (follow)`,
+        backend: `decode, native loop, greedy sampled on the device, each step awaited`,
+        'after-prefill': `decode, native loop, greedy sampled on the device, next step queued ahead, a 512-token prefill before each repetition`,
         none: 'decode, native loop, no sampling and no output row (call path only)',
         'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
         'none-chained-ctx256':
           'decode, native loop, no sampling and no output row, next step queued ahead, n_ctx 256',
       };
-      for (const [mode, label] of Object.entries(labels).filter(([mode]) => n[mode])) {
+      for (const mode of modes) {
+        const [base, again] = mode.split('#');
+        const label = again
+          ? `${labels[base]} (again, context ${modes.indexOf(mode) + 1} of the process)`
+          : labels[base];
         figure(`${shape} q4_0 ${label}`, 'tokens/s', n[mode].tg, tg128);
         result.notes[`steps ${shape} ${mode}`] = {
           ...n[mode].steps,

@@ -11,7 +11,6 @@
 #include <algorithm>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdarg>
 #include <cstring>
 #include <memory>
@@ -817,7 +816,6 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     if (penalty_repeat != 1.0f || penalty_freq != 0.0f || penalty_present != 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
     }
-    const bool penalties = penalty_repeat != 1.0f || penalty_freq != 0.0f || penalty_present != 0.0f;
     if (temp <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
@@ -834,7 +832,6 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     auto * s = new hydra_sampler();
     s->chain = chain;
     s->id = next_id++;
-    s->greedy = temp <= 0.0f && !penalties && grammar.empty();
     char sig[512];
     snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
              penalty_freq, penalty_present, penalty_last_n, seed);
@@ -868,52 +865,12 @@ struct decode_entry {
     std::vector<llama_token> tokens;  // empty when `follow`
     bool follow = false;              // feed the token this sequence sampled at its previous step
     llama_sampler * sampler;  // may be null: no sampling
-    bool greedy = false;      // argmax of the logits row on the host (logits_argmax), not on the device
     uint64_t sampler_id = 0;
     std::string signature;
     bool want_logits;
     llama_token sampled = -1;
     std::vector<float> logits;
 };
-
-// Greedy sampling on the host: the first index of the largest logit, as llama.cpp's CPU greedy
-// sampler picks it (so ties break as upstream llama-simple breaks them). On the device, greedy is
-// ggml_argmax, whose CUDA kernel walks a whole vocabulary row with a single block of threads: on
-// the H200 that cost 0.25 ms a token (8B: 3.12 ms a step against 2.87 ms without it), where
-// copying the row to the host and scanning it here costs tens of microseconds. The scan is two
-// passes: a max the compiler vectorizes, then the first index holding it.
-static llama_token logits_argmax(const float * row, int32_t n) {
-    float lanes[8];
-    std::fill(lanes, lanes + 8, -INFINITY);
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int k = 0; k < 8; k++) {
-            lanes[k] = row[i + k] > lanes[k] ? row[i + k] : lanes[k];
-        }
-    }
-    float best = -INFINITY;
-    for (float v : lanes) {
-        best = v > best ? v : best;
-    }
-    for (; i < n; i++) {
-        best = row[i] > best ? row[i] : best;
-    }
-    for (int32_t j = 0; j < n; j++) {
-        if (row[j] == best) {
-            return j;
-        }
-    }
-    return 0;  // every logit NaN
-}
-
-// HYDRA_DEVICE_GREEDY=1 keeps greedy sampling on the device (for comparing the two in benchmarks).
-static bool greedy_on_device() {
-    static const bool on = [] {
-        const char * v = std::getenv("HYDRA_DEVICE_GREEDY");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
-    return on;
-}
 
 // One decode step, queued on the context's runner from the JS thread at call time (so steps run in
 // call order, back to back) and handed back to the JS thread through the context's `done` function.
@@ -962,7 +919,7 @@ public:
             if (e.sampler == nullptr && !e.want_logits) {
                 continue;  // nothing is read back: whatever is attached may stay
             }
-            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits && !e.greedy;
+            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits;
             if (!want_backend) {
                 if (a.clone != nullptr) {
                     llama_set_sampler(c->ctx, e.seq, nullptr);
@@ -1056,9 +1013,6 @@ public:
                     if (token != LLAMA_TOKEN_NULL) {
                         llama_sampler_accept(on_device, token);
                         e.sampled = token;
-                    } else if (e.greedy) {
-                        e.sampled = logits_argmax(llama_get_logits_ith(c->ctx, i), n_vocab);
-                        llama_sampler_accept(e.sampler, e.sampled);
                     } else {
                         e.sampled = llama_sampler_sample(e.sampler, c->ctx, i);
                     }
@@ -1137,7 +1091,6 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
         if (!sv.IsUndefined() && !sv.IsNull()) {
             hydra_sampler * hs = hydra_handle_get<hydra_sampler>(sv, "sampler");
             e.sampler = hs->chain;
-            e.greedy = hs->greedy && !greedy_on_device();
             e.sampler_id = hs->id;
             e.signature = hs->signature;
             refs.push_back(Napi::Persistent(sv));

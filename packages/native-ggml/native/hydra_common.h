@@ -106,7 +106,6 @@ struct hydra_sampler {
     llama_sampler * chain = nullptr;
     uint64_t id = 0;
     std::string signature;  // every parameter, seed included: equal signatures build equal chains
-    bool greedy = false;    // the chain is argmax alone (no penalties, no grammar): see logits_argmax
 };
 
 // A sampler chain attached to a context for on-device sampling (a clone the context owns).
