@@ -9,7 +9,8 @@
 //        [--shapes 8b,27b] [--bin packages/native-ggml/build-cuda/bin] [--stock-devices CUDA0]
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 //        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
-//                                     `chained#2` runs one again) [--reps 5] [--threads N]
+//                                     `chained#2` runs one again, `reload` loads the model anew)
+//        [--reps 5] [--threads N]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -96,6 +97,11 @@ async function llamaBench(model, extra = []) {
   };
 }
 
+/** Which context of the process `mode` ran in (`reload` entries make none). */
+function contextNumber(modes, mode) {
+  return modes.slice(0, modes.indexOf(mode) + 1).filter((m) => !m.startsWith('reload')).length;
+}
+
 function mergeAnchors(a, b) {
   const med = (xs) => {
     const s = [...xs].sort((x, y) => x - y);
@@ -143,10 +149,16 @@ const MODES = {
 const REPS = Number(args.reps ?? 5);
 
 async function nativeDecode(modelPath, modes) {
-  const model = await Model.load({ path: modelPath, nGpuLayers: 99 });
+  let model = await Model.load({ path: modelPath, nGpuLayers: 99 });
   const out = {};
   const prompt = Int32Array.from({ length: 512 }, (_, i) => 3 + ((i * 7919) % (model.info.nVocab - 3)));
   for (const mode of modes) {
+    // `reload`: dispose of the model and load it again (is a later context's drop in the model?).
+    if (mode.split('#')[0] === 'reload') {
+      model.dispose();
+      model = await Model.load({ path: modelPath, nGpuLayers: 99 });
+      continue;
+    }
     // `chained#2`: the `chained` loop again, in a later context of the same process.
     const m = MODES[mode.split('#')[0]];
     if (!m) throw new Error(`unknown mode ${mode}; modes: ${Object.keys(MODES).join(', ')}`);
@@ -494,6 +506,10 @@ async function main() {
     figures,
     notes: {
       command: `node benchmarks/dist/gpu/native-port.cjs ${process.argv.slice(2).join(' ')}`,
+      // The knobs that change what is measured (HYDRA_GREEDY_SPLIT, OMP_WAIT_POLICY, GGML_CUDA_*).
+      environment: Object.fromEntries(
+        Object.entries(process.env).filter(([k]) => /^(HYDRA_|GGML_|LLAMA_|OMP_|CUDA_)/.test(k)),
+      ),
       systemInfo: info.systemInfo,
     },
   };
@@ -540,19 +556,23 @@ async function main() {
           unit: 'tokens/s',
           median: anchor.pp.median,
         });
+      const greedyLabel =
+        process.env.HYDRA_GREEDY_SPLIT === '1'
+          ? 'greedy on the device, split argmax'
+          : 'greedy sampled on the device';
       const labels = {
-        chained: `decode, native loop, greedy sampled on the device, next step queued ahead (follow)`,
-        backend: `decode, native loop, greedy sampled on the device, each step awaited`,
-        'after-prefill': `decode, native loop, greedy sampled on the device, next step queued ahead, a 512-token prefill before each repetition`,
+        chained: `decode, native loop, ${greedyLabel}, next step queued ahead (follow)`,
+        backend: `decode, native loop, ${greedyLabel}, each step awaited`,
+        'after-prefill': `decode, native loop, ${greedyLabel}, next step queued ahead, a 512-token prefill before each repetition`,
         none: 'decode, native loop, no sampling and no output row (call path only)',
         'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
         'none-chained-ctx256':
           'decode, native loop, no sampling and no output row, next step queued ahead, n_ctx 256',
       };
-      for (const mode of modes) {
+      for (const mode of modes.filter((m) => !m.startsWith('reload'))) {
         const [base, again] = mode.split('#');
         const label = again
-          ? `${labels[base]} (again, context ${modes.indexOf(mode) + 1} of the process)`
+          ? `${labels[base]} (again, context ${contextNumber(modes, mode)} of the process${modes.slice(0, modes.indexOf(mode)).some((m) => m.startsWith('reload')) ? ', model loaded anew' : ''})`
           : labels[base];
         figure(`${shape} q4_0 ${label}`, 'tokens/s', n[mode].tg, tg128);
         result.notes[`steps ${shape} ${mode}`] = {
@@ -568,7 +588,7 @@ async function main() {
         if (only.has('http')) {
           log(`HTTP decode ${shape}`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API`,
+            `${shape} q4_0 decode, one stream through the HTTP API${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
