@@ -10,7 +10,7 @@
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 //        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
 //                                     `chained#2` runs one again, `reload` loads the model anew)
-//        [--reps 5] [--threads N]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
+//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -229,6 +229,15 @@ async function nativeDecode(modelPath, modes) {
       tg.push(await generate(128));
     }
     sampler?.dispose();
+    // Which buffer types this context got (a pinned CUDA_Host compute buffer, or a plain CPU one
+    // when pinning failed, which llama.cpp reports at debug level only): a suspect for the drop of
+    // later contexts.
+    const buffers = ctx
+      .memory()
+      .map(
+        (b) =>
+          `${b.bufferType}: compute ${(b.compute / 2 ** 20).toFixed(1)} MiB, context ${(b.context / 2 ** 20).toFixed(1)} MiB`,
+      );
     await ctx.dispose();
     const sorted = [...stepMs].sort((a, b) => a - b);
     out[mode] = {
@@ -240,6 +249,7 @@ async function nativeDecode(modelPath, modes) {
         max_ms: sorted.at(-1),
         first_ms: firstMs,
       },
+      buffers,
     };
   }
   model.dispose();
@@ -486,7 +496,8 @@ async function startStock(devices = args['stock-devices'] ?? 'CUDA0') {
 
 async function main() {
   process.env.HYDRA_NATIVE_ADDON ??= resolve(bin, 'hydra_ggml.node');
-  const info = initBackend();
+  // --log-level debug shows llama.cpp's debug lines (e.g. a pinned-memory allocation that failed).
+  const info = initBackend(args['log-level'] ? { logLevel: args['log-level'] } : {});
   const devices = listDevices();
   // benchmarks/src/schema.ts's format, so the dashboard draws it.
   const result = {
@@ -575,6 +586,7 @@ async function main() {
           ? `${labels[base]} (again, context ${contextNumber(modes, mode)} of the process${modes.slice(0, modes.indexOf(mode)).some((m) => m.startsWith('reload')) ? ', model loaded anew' : ''})`
           : labels[base];
         figure(`${shape} q4_0 ${label}`, 'tokens/s', n[mode].tg, tg128);
+        result.notes[`buffers ${shape} ${mode}`] = n[mode].buffers;
         result.notes[`steps ${shape} ${mode}`] = {
           ...n[mode].steps,
           llama_bench_ms_per_token: 1000 / anchor.tg.median,
