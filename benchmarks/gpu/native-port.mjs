@@ -606,6 +606,23 @@ async function main() {
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
           );
           save();
+          // The same engine after it has served a long prompt: a serving engine's usual state, and
+          // the one in which later native contexts decoded 3-4% slower (20261129g).
+          const long = 'The history of the world '.repeat(100);
+          const pre = await fetch(`http://127.0.0.1:${engine.port}/v1/completions`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ prompt: long, max_tokens: 1, temperature: 0 }),
+          });
+          const usage = (await pre.json()).usage;
+          log(`HTTP: served a ${usage?.prompt_tokens}-token prompt`);
+          figure(
+            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
+            'tokens/s',
+            await httpDecode(engine.port),
+            { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
+          );
+          save();
         }
         if (only.has('hello') && shape === shapes[0]) {
           const stock = await startStock();
