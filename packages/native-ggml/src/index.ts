@@ -414,8 +414,8 @@ export class Context {
   readonly model: Model;
   readonly #onDispose: () => void;
   #queue: Promise<unknown> = Promise.resolve();
-  /** Operations waiting in #queue behind an exclusive one; decode goes straight to native only at 0. */
-  #waiting = 0;
+  /** Queued operations not yet settled: state get/set and what waits behind them. Decode skips #queue only at 0. */
+  #exclusive = 0;
 
   constructor(binding: NativeBinding, handle: ContextHandle, model: Model, onDispose: () => void) {
     this.#binding = binding;
@@ -430,12 +430,10 @@ export class Context {
   }
 
   #enqueue<T>(op: () => Promise<T>): Promise<T> {
-    this.#waiting += 1;
-    const start = () => {
-      this.#waiting -= 1;
-      return op();
-    };
-    const run = this.#queue.then(start, start);
+    this.#exclusive += 1;
+    const run = this.#queue.then(op, op).finally(() => {
+      this.#exclusive -= 1;
+    });
     this.#queue = run.catch(() => undefined);
     return run.catch(rethrow);
   }
@@ -465,17 +463,17 @@ export class Context {
       logits: e.logits ?? false,
     }));
     const step = () => this.#binding.decodeStep(this.#h(), native);
-    // Behind an exclusive operation (state get/set): wait in line. Otherwise straight to the native
-    // runner, which keeps steps in call order and runs the next as soon as the current one ends.
-    if (this.#waiting > 0) return this.#enqueue(step);
+    // Behind an exclusive operation (state get/set) queued or running: wait in line. Otherwise
+    // straight to the native runner, which keeps steps in call order and runs the next as soon as
+    // the current one ends; steps settle in that order, so this one is the queue's new tail.
+    if (this.#exclusive > 0) return this.#enqueue(step);
     let run: Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
     try {
       run = step();
     } catch (err) {
       return Promise.reject(err).catch(rethrow);
     }
-    const tail = this.#queue;
-    this.#queue = Promise.all([tail, run.catch(() => undefined)]);
+    this.#queue = run.catch(() => undefined);
     return run.catch(rethrow);
   }
 

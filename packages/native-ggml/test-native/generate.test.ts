@@ -273,4 +273,18 @@ describe('queued decode steps (follow)', () => {
     await ctx.dispose();
     await ctx2.dispose();
   });
+
+  it('queues a step behind a state save that is already running', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nBatch: 64 });
+    const sampler = model.createSampler({ temp: 0 });
+    const tokens = model.tokenize(PROMPT);
+    await ctx.decode([{ seq: 0, pos: 0, tokens, sampler }]);
+    const state = ctx.getSequenceState(0);
+    await new Promise((resolve) => setImmediate(resolve)); // the save has started on the native side
+    const step = ctx.decode([{ seq: 0, pos: tokens.length, follow: true, sampler }]);
+    expect((await state).length).toBeGreaterThan(0);
+    expect((await step).tokens[0]).toBeGreaterThanOrEqual(0);
+    sampler.dispose();
+    await ctx.dispose();
+  });
 });
