@@ -48,13 +48,17 @@ static void hydra_log_callback(ggml_log_level level, const char * text, void *) 
     }
 }
 
+static std::string trim_end(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
+        s.pop_back();
+    }
+    return s;
+}
+
 static std::string log_errors_take() {
     std::string out;
     out.swap(g_log_errors);
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) {
-        out.pop_back();
-    }
-    return out;
+    return trim_end(std::move(out));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,15 +230,9 @@ public:
         try {
             add();
         } catch (const hydra_rpc_abort & e) {
-            SetError("ggml-RPC server " + endpoint + ": " + trim(e.what()));
+            SetError("ggml-RPC server " + endpoint + ": " + trim_end(e.what()));
         }
         t_rpc_registering = false;
-    }
-    static std::string trim(std::string s) {
-        while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
-            s.pop_back();
-        }
-        return s;
     }
     void add() {
         static std::mutex mutex;
@@ -875,9 +873,7 @@ struct decode_entry {
     llama_pos pos;
     std::vector<llama_token> tokens;  // empty when `follow`
     bool follow = false;              // feed the token this sequence sampled at its previous step
-    llama_sampler * sampler;  // may be null: no sampling
-    uint64_t sampler_id = 0;
-    std::string signature;
+    const hydra_sampler * sampler = nullptr;  // null: no sampling; kept alive by the step's refs
     bool want_logits;
     llama_token sampled = -1;
     std::vector<float> logits;
@@ -939,18 +935,17 @@ public:
                 a = hydra_attached{};
                 continue;
             }
-            if (a.id == e.sampler_id) {
+            if (a.id == e.sampler->id) {
                 continue;
             }
-            const std::string & signature = e.signature;
-            if (a.clone != nullptr && a.signature == signature) {
+            if (a.clone != nullptr && a.signature == e.sampler->signature) {
                 // Same chain for a new request: reset its state instead of re-attaching, which
                 // would make llama.cpp reserve its graphs again.
                 llama_sampler_reset(a.clone);
-                a.id = e.sampler_id;
+                a.id = e.sampler->id;
                 continue;
             }
-            llama_sampler * clone = llama_sampler_clone(e.sampler);
+            llama_sampler * clone = llama_sampler_clone(e.sampler->chain);
             if (!llama_set_sampler(c->ctx, e.seq, clone)) {
                 llama_sampler_free(clone);  // not offloadable (e.g. typical, grammar): CPU path
                 clone = nullptr;
@@ -958,7 +953,7 @@ public:
             if (a.clone != nullptr) {
                 llama_sampler_free(a.clone);
             }
-            a = hydra_attached{e.sampler_id, signature, clone};
+            a = hydra_attached{e.sampler->id, e.sampler->signature, clone};
         }
     }
 
@@ -1025,7 +1020,7 @@ public:
                         llama_sampler_accept(on_device, token);
                         e.sampled = token;
                     } else {
-                        e.sampled = llama_sampler_sample(e.sampler, c->ctx, i);
+                        e.sampled = llama_sampler_sample(e.sampler->chain, c->ctx, i);
                     }
                 }
             }
@@ -1070,7 +1065,6 @@ static void context_claim(Napi::Env env, hydra_context * c) {
     }
 }
 
-
 // decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?}]) -> {tokens: Int32Array, logits}
 static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
@@ -1098,12 +1092,8 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
             e.tokens.assign(t.Data(), t.Data() + t.ElementLength());
         }
         Napi::Value sv = o.Get("sampler");
-        e.sampler = nullptr;
         if (!sv.IsUndefined() && !sv.IsNull()) {
-            hydra_sampler * hs = hydra_handle_get<hydra_sampler>(sv, "sampler");
-            e.sampler = hs->chain;
-            e.sampler_id = hs->id;
-            e.signature = hs->signature;
+            e.sampler = hydra_handle_get<hydra_sampler>(sv, "sampler");
             refs.push_back(Napi::Persistent(sv));
         }
         e.want_logits = arg_bool(o, "logits", false);
