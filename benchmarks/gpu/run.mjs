@@ -305,6 +305,11 @@ function promptOf(n, salt) {
   return words.join(' ');
 }
 
+/** The flags every serving engine of these benchmarks gets: one slot, a 4K context, FA on. */
+function servingArgs(model) {
+  return ['-m', model, '-ngl', String(opts.ngl), '-fa', 'on', '-c', '4096', '-np', '1'];
+}
+
 /** One streamed completion; returns prompt/completion tokens, ttft and decode ms. */
 async function complete(url, prompt, maxTokens) {
   const body = {
@@ -488,18 +493,7 @@ async function solo() {
       300_000,
     );
     log(`solo ${label}: engine`);
-    const eng = await startEngine([
-      '-m',
-      path,
-      '-ngl',
-      String(opts.ngl),
-      '-fa',
-      'on',
-      '-c',
-      '4096',
-      '-np',
-      '1',
-    ]);
+    const eng = await startEngine(servingArgs(path));
     try {
       const { decode, prefill } = await httpRates(eng.url);
       const limit = bw && {
@@ -671,21 +665,7 @@ async function combine() {
         env: peerEnv,
       });
       const head = await startEngine(
-        [
-          '-m',
-          path,
-          '-ngl',
-          String(opts.ngl),
-          '-fa',
-          'on',
-          '-c',
-          '4096',
-          '-np',
-          '1',
-          '--rpc',
-          `127.0.0.1:${peerRpc}`,
-          ...(gpu === 'CPU' ? [] : ['-ts', '1/1']),
-        ],
+        [...servingArgs(path), '--rpc', `127.0.0.1:${peerRpc}`, ...(gpu === 'CPU' ? [] : ['-ts', '1/1'])],
         { env: headEnv },
       );
       try {
@@ -766,16 +746,7 @@ async function combine() {
     const peer = await startEngine(['--rpc-port', String(peerRpc)], { state: 'empty', timeoutMs: 60_000 });
     const headRpc = await freePort();
     const head = await startEngine([
-      '-m',
-      moe,
-      '-ngl',
-      String(opts.ngl),
-      '-fa',
-      'on',
-      '-c',
-      '4096',
-      '-np',
-      '1',
+      ...servingArgs(moe),
       '--rpc',
       `127.0.0.1:${peerRpc}`,
       '--rpc-port',
