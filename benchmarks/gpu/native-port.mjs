@@ -10,7 +10,7 @@
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 //        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
 //                                     `chained#2` runs one again, `reload` loads the model anew)
-//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
+//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY_SPLIT=0: upstream's greedy argmax
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -137,10 +137,16 @@ async function ensureModel(arch, shape) {
 // which llama-bench's tg repetitions never do. 'none' samples nothing and reads nothing back (no
 // output row, so less work than llama-bench's tg, which computes the logits it ignores): the call
 // path alone; 'none-chained' queues those steps ahead with llama-bench-like pseudo-random tokens,
-// and '-ctx256' in llama-bench's context size.
+// and '-ctx256' in llama-bench's context size. Greedy is the sampler's default (the split argmax,
+// unless HYDRA_GREEDY_SPLIT=0); '-split' and '-upstream' pick hydra_greedy's many-block argmax or
+// upstream's single-block one explicitly, so that one process can A/B them.
 const MODES = {
   backend: { backendSampling: true, sampler: true },
   chained: { backendSampling: true, sampler: true, chained: true },
+  'chained-split': { backendSampling: true, sampler: true, chained: true, greedySplit: true },
+  'chained-upstream': { backendSampling: true, sampler: true, chained: true, greedySplit: false },
+  'backend-split': { backendSampling: true, sampler: true, greedySplit: true },
+  'backend-upstream': { backendSampling: true, sampler: true, greedySplit: false },
   'after-prefill': { backendSampling: true, sampler: true, chained: true, prefillEachRep: true },
   none: { backendSampling: true, sampler: false },
   'none-chained': { backendSampling: true, sampler: false, chained: true },
@@ -170,7 +176,12 @@ async function nativeDecode(modelPath, modes) {
       flashAttn: 'auto',
       backendSampling: m.backendSampling,
     });
-    const sampler = m.sampler ? model.createSampler({ temp: 0 }) : undefined;
+    const sampler = m.sampler
+      ? model.createSampler({
+          temp: 0,
+          ...(m.greedySplit === undefined ? {} : { greedySplit: m.greedySplit }),
+        })
+      : undefined;
     const pp = [];
     const tg = [];
     const stepMs = []; // intervals between consecutive step completions, every rep
@@ -215,7 +226,7 @@ async function nativeDecode(modelPath, modes) {
       }
       return n / ((performance.now() - t0) / 1000);
     };
-    if (mode.split('#')[0] === 'backend') {
+    if (mode.split('#')[0].startsWith('backend')) {
       await prefill(); // warm-up
       for (let rep = 0; rep < REPS; rep++) pp.push(await prefill());
     }
@@ -563,20 +574,24 @@ async function main() {
         unit: 'tokens/s',
         median: anchor.tg.median,
       };
-      if (n.backend)
-        figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
+      const ppMode = modes.find((m) => m.startsWith('backend'));
+      if (ppMode)
+        figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n[ppMode].pp, {
           name: 'llama-bench pp512 (median of the repetitions of two runs)',
           unit: 'tokens/s',
           median: anchor.pp.median,
         });
-      const greedyLabel =
-        process.env.HYDRA_GREEDY_SPLIT === '1'
-          ? 'greedy on the device, split argmax'
-          : 'greedy sampled on the device';
+      const greedyLabel = (split) =>
+        `greedy on the device, ${split ? 'split argmax' : "upstream's single argmax"}`;
+      const byDefault = greedyLabel(process.env.HYDRA_GREEDY_SPLIT !== '0');
       const labels = {
-        chained: `decode, native loop, ${greedyLabel}, next step queued ahead (follow)`,
-        backend: `decode, native loop, ${greedyLabel}, each step awaited`,
-        'after-prefill': `decode, native loop, ${greedyLabel}, next step queued ahead, a 512-token prefill before each repetition`,
+        chained: `decode, native loop, ${byDefault}, next step queued ahead (follow)`,
+        'chained-split': `decode, native loop, ${greedyLabel(true)}, next step queued ahead (follow)`,
+        'chained-upstream': `decode, native loop, ${greedyLabel(false)}, next step queued ahead (follow)`,
+        backend: `decode, native loop, ${byDefault}, each step awaited`,
+        'backend-split': `decode, native loop, ${greedyLabel(true)}, each step awaited`,
+        'backend-upstream': `decode, native loop, ${greedyLabel(false)}, each step awaited`,
+        'after-prefill': `decode, native loop, ${byDefault}, next step queued ahead, a 512-token prefill before each repetition`,
         none: 'decode, native loop, no sampling and no output row (call path only)',
         'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
         'none-chained-ctx256':
@@ -602,7 +617,7 @@ async function main() {
         if (only.has('http')) {
           log(`HTTP decode ${shape}`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
+            `${shape} q4_0 decode, one stream through the HTTP API${process.env.HYDRA_GREEDY_SPLIT === '0' ? ", upstream's single argmax" : ''}`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
@@ -619,7 +634,7 @@ async function main() {
           const usage = (await pre.json()).usage;
           log(`HTTP: served a ${usage?.prompt_tokens}-token prompt`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
+            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt${process.env.HYDRA_GREEDY_SPLIT === '0' ? ", upstream's single argmax" : ''}`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },

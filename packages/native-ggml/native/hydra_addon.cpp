@@ -784,12 +784,12 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
 // ---------------------------------------------------------------------------------------------
 // samplers: a chain per sequence, in the order common_sampler uses
 
-// HYDRA_GREEDY_SPLIT=1 samples greedily with hydra_greedy (a many-block argmax on the device)
-// instead of upstream's greedy: opt-in until a GPU run shows it faster.
-static bool greedy_split() {
+// Greedy (temp <= 0) samples with hydra_greedy, a many-block argmax on the device, unless the
+// sampler's `greedySplit: false` or HYDRA_GREEDY_SPLIT=0 asks for upstream's single-block argmax.
+static bool greedy_split_default() {
     static const bool on = [] {
         const char * v = std::getenv("HYDRA_GREEDY_SPLIT");
-        return v != nullptr && std::strcmp(v, "1") == 0;
+        return v == nullptr || std::strcmp(v, "0") != 0;
     }();
     return on;
 }
@@ -810,6 +810,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
     uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
     std::string grammar = arg_string(p, "grammar");
+    bool greedy_split = arg_bool(p, "greedySplit", greedy_split_default());
 
     llama_sampler_chain_params scp = llama_sampler_chain_default_params();
     scp.no_perf = true;
@@ -826,7 +827,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
     }
     if (temp <= 0.0f) {
-        llama_sampler_chain_add(chain, greedy_split() ? hydra_greedy_init(llama_vocab_n_tokens(vocab)) : llama_sampler_init_greedy());
+        llama_sampler_chain_add(chain, greedy_split ? hydra_greedy_init(llama_vocab_n_tokens(vocab)) : llama_sampler_init_greedy());
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typ_p < 1.0f) {
@@ -842,8 +843,8 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     s->chain = chain;
     s->id = next_id++;
     char sig[512];
-    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
-             penalty_freq, penalty_present, penalty_last_n, seed);
+    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/%d/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
+             penalty_freq, penalty_present, penalty_last_n, seed, temp <= 0.0f && greedy_split);
     s->signature = std::string(sig) + grammar;
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }
