@@ -784,14 +784,22 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
 // ---------------------------------------------------------------------------------------------
 // samplers: a chain per sequence, in the order common_sampler uses
 
-// Greedy (temp <= 0) samples with hydra_greedy, a many-block argmax on the device, unless the
-// sampler's `greedySplit: false` or HYDRA_GREEDY_SPLIT=0 asks for upstream's single-block argmax.
-static bool greedy_split_default() {
-    static const bool on = [] {
-        const char * v = std::getenv("HYDRA_GREEDY_SPLIT");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
-    return on;
+// Which greedy (temp <= 0) a new sampler gets, from HYDRA_GREEDY, read at each sampler_create so
+// one process can A/B them (the GPU bench sets it between loops): `upstream` (llama.cpp's greedy:
+// one single-block ggml_argmax, and the row of logits copied back to the host every step),
+// `argmax` (hydra_greedy: the same argmax, no logits copied back), `split` (hydra_greedy: a
+// many-block argmax, no logits copied back).
+enum class greedy_kind { upstream, argmax, split };
+
+static greedy_kind greedy_kind_from_env() {
+    const char * v = std::getenv("HYDRA_GREEDY");
+    if (v != nullptr && std::strcmp(v, "argmax") == 0) {
+        return greedy_kind::argmax;
+    }
+    if (v != nullptr && std::strcmp(v, "split") == 0) {
+        return greedy_kind::split;
+    }
+    return greedy_kind::upstream;
 }
 
 static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
@@ -810,7 +818,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
     uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
     std::string grammar = arg_string(p, "grammar");
-    bool greedy_split = arg_bool(p, "greedySplit", greedy_split_default());
+    greedy_kind greedy = greedy_kind_from_env();
 
     llama_sampler_chain_params scp = llama_sampler_chain_default_params();
     scp.no_perf = true;
@@ -827,7 +835,8 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
     }
     if (temp <= 0.0f) {
-        llama_sampler_chain_add(chain, greedy_split ? hydra_greedy_init(llama_vocab_n_tokens(vocab)) : llama_sampler_init_greedy());
+        llama_sampler_chain_add(chain, greedy == greedy_kind::upstream ? llama_sampler_init_greedy()
+                                                                : hydra_greedy_init(llama_vocab_n_tokens(vocab), greedy == greedy_kind::split));
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typ_p < 1.0f) {
@@ -844,7 +853,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     s->id = next_id++;
     char sig[512];
     snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/%d/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
-             penalty_freq, penalty_present, penalty_last_n, seed, temp <= 0.0f && greedy_split);
+             penalty_freq, penalty_present, penalty_last_n, seed, temp <= 0.0f ? (int) greedy : 0);
     s->signature = std::string(sig) + grammar;
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }

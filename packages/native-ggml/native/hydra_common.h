@@ -109,7 +109,7 @@ struct hydra_sampler {
 };
 
 // Greedy sampling whose device graph spreads the argmax over many blocks (hydra_greedy.cpp).
-llama_sampler * hydra_greedy_init(int32_t n_vocab);
+llama_sampler * hydra_greedy_init(int32_t n_vocab, bool split);
 
 // A sampler chain attached to a context for on-device sampling (a clone the context owns).
 struct hydra_attached {

@@ -96,11 +96,6 @@ export interface NativeSamplerParams {
   penaltyLastN?: number;
   seed?: number;
   grammar?: string;
-  /**
-   * Greedy (`temp <= 0`) on the device as a many-block argmax (`hydra_greedy`) rather than
-   * upstream's single-block one; same tokens. Default true, or false when `HYDRA_GREEDY_SPLIT=0`.
-   */
-  greedySplit?: boolean;
 }
 
 export interface NativeDecodeEntry {

@@ -66,9 +66,10 @@ describe.each(['f32', 'q8_0', 'q4_0'] as const)('greedy generation on the tiny %
   });
 });
 
-// Greedy on the device as a many-block argmax (the tiny vocabulary of 1000 splits as 500 x 2)
-// picks the same tokens as upstream's single-argmax greedy, which equals llama-simple.
-describe.each(['f32', 'q4_0'] as const)('split greedy on the tiny %s model', (quant) => {
+// HYDRA_GREEDY (read when a sampler is created) picks hydra_greedy on the device: `argmax` (one
+// argmax, no logits copied back) or `split` (a many-block argmax; the tiny vocabulary of 1000 splits
+// as 500 x 2). Both pick the same tokens as upstream's greedy, which equals llama-simple.
+describe.each(['f32', 'q4_0'] as const)('hydra greedy on the tiny %s model', (quant) => {
   let model: Model;
   beforeAll(async () => {
     initBackend();
@@ -77,9 +78,13 @@ describe.each(['f32', 'q4_0'] as const)('split greedy on the tiny %s model', (qu
   });
 
   // Queued `follow` steps with sampling on the device, as the engine runs them.
-  async function onDevice(greedySplit: boolean, n: number): Promise<number[]> {
+  async function onDevice(greedy: string, n: number): Promise<number[]> {
     const ctx = await model.createContext({ nCtx: 256, nBatch: 64, backendSampling: true });
-    const sampler = model.createSampler({ temp: 0, greedySplit });
+    const before = process.env.HYDRA_GREEDY;
+    process.env.HYDRA_GREEDY = greedy;
+    const sampler = model.createSampler({ temp: 0 });
+    if (before === undefined) delete process.env.HYDRA_GREEDY;
+    else process.env.HYDRA_GREEDY = before;
     try {
       const tokens = model.tokenize(PROMPT);
       const steps = [ctx.decode([{ seq: 0, pos: 0, tokens, sampler }])];
@@ -93,11 +98,11 @@ describe.each(['f32', 'q4_0'] as const)('split greedy on the tiny %s model', (qu
     }
   }
 
-  it('generates what upstream greedy generates', async () => {
-    const upstream = await onDevice(false, 24);
-    const split = await onDevice(true, 24);
-    expect(split).toHaveLength(24);
-    expect(split).toEqual(upstream);
+  it.each(['argmax', 'split'])('%s generates what upstream greedy generates', async (greedy) => {
+    const upstream = await onDevice('upstream', 24);
+    const ours = await onDevice(greedy, 24);
+    expect(ours).toHaveLength(24);
+    expect(ours).toEqual(upstream);
   });
 });
 
