@@ -10,7 +10,7 @@
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 //        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
 //                                     `chained#2` runs one again, `reload` loads the model anew)
-//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY=upstream|argmax|split: which greedy (native-ggml)
+//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -137,42 +137,16 @@ async function ensureModel(arch, shape) {
 // which llama-bench's tg repetitions never do. 'none' samples nothing and reads nothing back (no
 // output row, so less work than llama-bench's tg, which computes the logits it ignores): the call
 // path alone; 'none-chained' queues those steps ahead with llama-bench-like pseudo-random tokens,
-// and '-ctx256' in llama-bench's context size. Greedy is the native default (HYDRA_GREEDY);
-// '-upstream', '-argmax' and '-split' pick one explicitly (native-ggml reads HYDRA_GREEDY when a
-// sampler is created), so that one process can A/B them.
+// and '-ctx256' in llama-bench's context size.
 const MODES = {
   backend: { backendSampling: true, sampler: true },
   chained: { backendSampling: true, sampler: true, chained: true },
-  'chained-upstream': { backendSampling: true, sampler: true, chained: true, greedy: 'upstream' },
-  'chained-argmax': { backendSampling: true, sampler: true, chained: true, greedy: 'argmax' },
-  'chained-split': { backendSampling: true, sampler: true, chained: true, greedy: 'split' },
-  'backend-upstream': { backendSampling: true, sampler: true, greedy: 'upstream' },
-  'backend-argmax': { backendSampling: true, sampler: true, greedy: 'argmax' },
   'after-prefill': { backendSampling: true, sampler: true, chained: true, prefillEachRep: true },
   none: { backendSampling: true, sampler: false },
   'none-chained': { backendSampling: true, sampler: false, chained: true },
   'none-chained-ctx256': { backendSampling: true, sampler: false, chained: true, nCtx: 256 },
 };
 const REPS = Number(args.reps ?? 5);
-
-/** Runs `make` with HYDRA_GREEDY set to `greedy` (unchanged when undefined), then restores it. */
-function withGreedy(greedy, make) {
-  if (greedy === undefined) return make();
-  const before = process.env.HYDRA_GREEDY;
-  process.env.HYDRA_GREEDY = greedy;
-  try {
-    return make();
-  } finally {
-    if (before === undefined) delete process.env.HYDRA_GREEDY;
-    else process.env.HYDRA_GREEDY = before;
-  }
-}
-const GREEDY_LABELS = {
-  upstream: "greedy on the device, upstream's argmax",
-  argmax: "greedy on the device, hydra_greedy's argmax (no logits copied back)",
-  split: "greedy on the device, hydra_greedy's split argmax (no logits copied back)",
-};
-const greedyDefault = process.env.HYDRA_GREEDY ?? 'upstream';
 
 async function nativeDecode(modelPath, modes) {
   let model = await Model.load({ path: modelPath, nGpuLayers: 99 });
@@ -196,7 +170,7 @@ async function nativeDecode(modelPath, modes) {
       flashAttn: 'auto',
       backendSampling: m.backendSampling,
     });
-    const sampler = m.sampler ? withGreedy(m.greedy, () => model.createSampler({ temp: 0 })) : undefined;
+    const sampler = m.sampler ? model.createSampler({ temp: 0 }) : undefined;
     const pp = [];
     const tg = [];
     const stepMs = []; // intervals between consecutive step completions, every rep
@@ -241,7 +215,7 @@ async function nativeDecode(modelPath, modes) {
       }
       return n / ((performance.now() - t0) / 1000);
     };
-    if (mode.split('#')[0].startsWith('backend')) {
+    if (mode.split('#')[0] === 'backend') {
       await prefill(); // warm-up
       for (let rep = 0; rep < REPS; rep++) pp.push(await prefill());
     }
@@ -545,7 +519,7 @@ async function main() {
     figures,
     notes: {
       command: `node benchmarks/dist/gpu/native-port.cjs ${process.argv.slice(2).join(' ')}`,
-      // The knobs that change what is measured (HYDRA_GREEDY, OMP_WAIT_POLICY, GGML_CUDA_*).
+      // The knobs that change what is measured (HYDRA_GREEDY_SPLIT, OMP_WAIT_POLICY, GGML_CUDA_*).
       environment: Object.fromEntries(
         Object.entries(process.env).filter(([k]) => /^(HYDRA_|GGML_|LLAMA_|OMP_|CUDA_)/.test(k)),
       ),
@@ -589,24 +563,20 @@ async function main() {
         unit: 'tokens/s',
         median: anchor.tg.median,
       };
-      const ppMode = modes.find((m) => m.startsWith('backend'));
-      if (ppMode)
-        figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n[ppMode].pp, {
+      if (n.backend)
+        figure(`${shape} q4_0 prefill 512, native decode call`, 'tokens/s', n.backend.pp, {
           name: 'llama-bench pp512 (median of the repetitions of two runs)',
           unit: 'tokens/s',
           median: anchor.pp.median,
         });
-      const byDefault = GREEDY_LABELS[greedyDefault];
+      const greedyLabel =
+        process.env.HYDRA_GREEDY_SPLIT === '1'
+          ? 'greedy on the device, split argmax'
+          : 'greedy sampled on the device';
       const labels = {
-        chained: `decode, native loop, ${byDefault}, next step queued ahead (follow)`,
-        backend: `decode, native loop, ${byDefault}, each step awaited`,
-        ...Object.fromEntries(
-          Object.entries(GREEDY_LABELS).flatMap(([kind, label]) => [
-            [`chained-${kind}`, `decode, native loop, ${label}, next step queued ahead (follow)`],
-            [`backend-${kind}`, `decode, native loop, ${label}, each step awaited`],
-          ]),
-        ),
-        'after-prefill': `decode, native loop, ${byDefault}, next step queued ahead, a 512-token prefill before each repetition`,
+        chained: `decode, native loop, ${greedyLabel}, next step queued ahead (follow)`,
+        backend: `decode, native loop, ${greedyLabel}, each step awaited`,
+        'after-prefill': `decode, native loop, ${greedyLabel}, next step queued ahead, a 512-token prefill before each repetition`,
         none: 'decode, native loop, no sampling and no output row (call path only)',
         'none-chained': 'decode, native loop, no sampling and no output row, next step queued ahead',
         'none-chained-ctx256':
@@ -632,7 +602,7 @@ async function main() {
         if (only.has('http')) {
           log(`HTTP decode ${shape}`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API, ${GREEDY_LABELS[greedyDefault]}`,
+            `${shape} q4_0 decode, one stream through the HTTP API${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
@@ -649,7 +619,7 @@ async function main() {
           const usage = (await pre.json()).usage;
           log(`HTTP: served a ${usage?.prompt_tokens}-token prompt`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt, ${GREEDY_LABELS[greedyDefault]}`,
+            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },

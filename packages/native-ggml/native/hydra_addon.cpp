@@ -87,39 +87,21 @@ static void model_destroy(hydra_model * m) {
     delete m;
 }
 
-std::shared_ptr<hydra_runner> hydra_runner_acquire() {
-    static std::mutex mutex;
-    static std::weak_ptr<hydra_runner> shared;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::shared_ptr<hydra_runner> runner = shared.lock();
-    if (!runner) {
-        runner = std::make_shared<hydra_runner>();
-        shared = runner;
-    }
-    return runner;
-}
-
-// JS thread (an explicit free, or the handle's finalizer): no step of this context is queued or
-// running then (freeing throws while any is pending, and queued steps keep the handle alive).
 static void context_destroy(hydra_context * c) {
+    c->runner.reset();  // lets queued work finish first
     if (c->done) {
         c->done.Release();
     }
     if (c->ctx) {
-        // On the runner, after whatever other contexts have queued, like everything else that
-        // touches this context's backends.
-        c->runner->run([c] {
-            llama_batch_free(c->batch);
-            llama_free(c->ctx);
-            for (auto & [seq, owned] : c->attached) {
-                if (owned.clone) {
-                    llama_sampler_free(owned.clone);
-                }
+        llama_batch_free(c->batch);
+        llama_free(c->ctx);
+        for (auto & [seq, owned] : c->attached) {
+            if (owned.clone) {
+                llama_sampler_free(owned.clone);
             }
-        });
+        }
         c->owner->n_contexts--;
     }
-    c->runner.reset();
     delete c;
 }
 
@@ -683,27 +665,21 @@ static enum ggml_type kv_type_from_name(Napi::Env env, const std::string & name)
 class context_create_worker : public Napi::AsyncWorker {
 public:
     context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp, bool backend_sampling)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling),
-          runner(hydra_runner_acquire()) {
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling) {
         model_ref = Napi::Persistent(model_handle);
     }
     Napi::Promise promise() { return deferred.Promise(); }
 
-    // A pool thread waits while the runner builds the context, so that the context's backends are
-    // created on the thread that will run them.
     void Execute() override {
-        runner->run([this] {
-            log_errors_take();
-            ctx = llama_init_from_model(m->model, cp);
-            if (ctx == nullptr) {
-                std::string why = log_errors_take();
-                SetError(why.empty() ? "failed to create the context" : why);
-            }
-        });
+        log_errors_take();
+        ctx = llama_init_from_model(m->model, cp);
+        if (ctx == nullptr) {
+            std::string why = log_errors_take();
+            SetError(why.empty() ? "failed to create the context" : why);
+        }
     }
     void OnOK() override {
         auto * c = new hydra_context();
-        c->runner = std::move(runner);
         c->ctx = ctx;
         c->owner = m;
         c->n_batch = (int32_t) llama_n_batch(ctx);
@@ -725,7 +701,6 @@ private:
     Napi::Reference<Napi::Value> model_ref;  // keeps the model alive while the context is built
     llama_context_params cp;
     bool backend_sampling;
-    std::shared_ptr<hydra_runner> runner;  // released on the JS thread (never the runner's own)
     llama_context * ctx = nullptr;
 };
 
@@ -809,22 +784,14 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
 // ---------------------------------------------------------------------------------------------
 // samplers: a chain per sequence, in the order common_sampler uses
 
-// Which greedy (temp <= 0) a new sampler gets, from HYDRA_GREEDY, read at each sampler_create so
-// one process can A/B them (the GPU bench sets it between loops): `upstream` (llama.cpp's greedy:
-// one single-block ggml_argmax, and the row of logits copied back to the host every step),
-// `argmax` (hydra_greedy: the same argmax, no logits copied back), `split` (hydra_greedy: a
-// many-block argmax, no logits copied back).
-enum class greedy_kind { upstream, argmax, split };
-
-static greedy_kind greedy_kind_from_env() {
-    const char * v = std::getenv("HYDRA_GREEDY");
-    if (v != nullptr && std::strcmp(v, "argmax") == 0) {
-        return greedy_kind::argmax;
-    }
-    if (v != nullptr && std::strcmp(v, "split") == 0) {
-        return greedy_kind::split;
-    }
-    return greedy_kind::upstream;
+// HYDRA_GREEDY_SPLIT=1 samples greedily with hydra_greedy (a many-block argmax on the device)
+// instead of upstream's greedy: opt-in until a GPU run shows it faster.
+static bool greedy_split() {
+    static const bool on = [] {
+        const char * v = std::getenv("HYDRA_GREEDY_SPLIT");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return on;
 }
 
 static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
@@ -843,7 +810,6 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
     uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
     std::string grammar = arg_string(p, "grammar");
-    greedy_kind greedy = greedy_kind_from_env();
 
     llama_sampler_chain_params scp = llama_sampler_chain_default_params();
     scp.no_perf = true;
@@ -860,8 +826,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
     }
     if (temp <= 0.0f) {
-        llama_sampler_chain_add(chain, greedy == greedy_kind::upstream ? llama_sampler_init_greedy()
-                                                                : hydra_greedy_init(llama_vocab_n_tokens(vocab), greedy == greedy_kind::split));
+        llama_sampler_chain_add(chain, greedy_split() ? hydra_greedy_init(llama_vocab_n_tokens(vocab)) : llama_sampler_init_greedy());
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typ_p < 1.0f) {
@@ -877,8 +842,8 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     s->chain = chain;
     s->id = next_id++;
     char sig[512];
-    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/%d/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
-             penalty_freq, penalty_present, penalty_last_n, seed, temp <= 0.0f ? (int) greedy : 0);
+    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
+             penalty_freq, penalty_present, penalty_last_n, seed);
     s->signature = std::string(sig) + grammar;
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }

@@ -24,7 +24,6 @@ namespace {
 
 struct hydra_greedy {
     int64_t n_vocab;
-    bool split;  // many-block argmax; false: one ggml_argmax over the row, as upstream
 };
 
 // The divisor of n_vocab closest to 1024 (rows of about a block's width: 128256 = 1002 x 128,
@@ -41,9 +40,9 @@ int64_t split_cols(int64_t n_vocab) {
 
 // The split is chosen from the row's own length: llama.cpp also builds this graph on a probe row of
 // another length to count its nodes, and the count must match the real graph's.
-ggml_tensor * greedy_build(ggml_context * ctx, ggml_tensor * logits, bool split) {
+ggml_tensor * greedy_build(ggml_context * ctx, ggml_tensor * logits) {
     const int64_t n = ggml_nelements(logits);
-    const int64_t cols = split ? split_cols(n) : 0;
+    const int64_t cols = split_cols(n);
     ggml_tensor * flat = ggml_reshape_1d(ctx, logits, n);
     if (cols == 0) {
         return ggml_argmax(ctx, flat);
@@ -90,7 +89,7 @@ bool greedy_backend_init(llama_sampler * smpl, ggml_backend_buffer_type_t buft, 
     ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
     ggml_context * ctx = ggml_init(params);
     ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, greedy_build(ctx, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, g->n_vocab), g->split));
+    ggml_build_forward_expand(gf, greedy_build(ctx, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, g->n_vocab)));
     bool ok = true;
     for (int i = 0; i < ggml_graph_n_nodes(gf) && ok; i++) {
         ok = ggml_backend_dev_supports_op(dev, ggml_graph_node(gf, i));
@@ -99,11 +98,8 @@ bool greedy_backend_init(llama_sampler * smpl, ggml_backend_buffer_type_t buft, 
     return ok;
 }
 
-void greedy_backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
-    data->sampled = greedy_build(ctx, data->logits, ((const hydra_greedy *) smpl->ctx)->split);
-    // llama.cpp copies `data->logits` (the row it passed in, unless a sampler replaced it) back to
-    // the host on every step: a vocabulary of floats nobody reads once greedy has picked the token.
-    data->logits = nullptr;
+void greedy_backend_apply(llama_sampler *, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
+    data->sampled = greedy_build(ctx, data->logits);
 }
 
 void greedy_copy_state(const llama_sampler *, llama_sampler *) {}  // no mutable state
@@ -130,6 +126,6 @@ llama_sampler * greedy_clone(const llama_sampler * smpl) {
 
 }  // namespace
 
-llama_sampler * hydra_greedy_init(int32_t n_vocab, bool split) {
-    return llama_sampler_init(&greedy_iface, new hydra_greedy{n_vocab, split});
+llama_sampler * hydra_greedy_init(int32_t n_vocab) {
+    return llama_sampler_init(&greedy_iface, new hydra_greedy{n_vocab});
 }
