@@ -2,6 +2,7 @@
 // that need neither node_modules nor a build on the device machine, only a node binary.
 //   run.cjs             benchmarks/gpu/run.mjs with hydra-rpc, native-ggml/synth and the schema
 //   native-port.cjs     benchmarks/gpu/native-port.mjs: the native boundary and merged port vs upstream
+//   second-context.cjs  benchmarks/gpu/second-context.mjs: the probe of the second-context drop
 //   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
 //   piscina-worker.cjs  piscina's worker (the merged port's pool), under the name the bundle asks for
 //   rpc-worker.js       native-ggml's ggml-RPC worker, where the bundled wrapper looks for it
@@ -37,6 +38,11 @@ await build({
   ...common,
   entryPoints: [join(here, 'native-port.mjs')],
   outfile: join(out, 'native-port.cjs'),
+});
+await build({
+  ...common,
+  entryPoints: [join(here, 'second-context.mjs')],
+  outfile: join(out, 'second-context.cjs'),
 });
 await build({
   ...common,

@@ -10,7 +10,7 @@
 //        [--memory-ctx 4096,32768]   (--only memory: the split planner's prediction vs the real load)
 //        [--modes chained,none,...]  (--only native: which decode loops, in order, default all;
 //                                     `chained#2` runs one again, `reload` loads the model anew)
-//        [--reps 5] [--threads N] [--log-level debug]   HYDRA_GREEDY_SPLIT=1: greedy as a many-block argmax (native-ggml)
+//        [--reps 5] [--threads N] [--log-level debug]
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -519,7 +519,7 @@ async function main() {
     figures,
     notes: {
       command: `node benchmarks/dist/gpu/native-port.cjs ${process.argv.slice(2).join(' ')}`,
-      // The knobs that change what is measured (HYDRA_GREEDY_SPLIT, OMP_WAIT_POLICY, GGML_CUDA_*).
+      // The knobs that change what is measured (OMP_WAIT_POLICY, GGML_CUDA_*).
       environment: Object.fromEntries(
         Object.entries(process.env).filter(([k]) => /^(HYDRA_|GGML_|LLAMA_|OMP_|CUDA_)/.test(k)),
       ),
@@ -569,10 +569,7 @@ async function main() {
           unit: 'tokens/s',
           median: anchor.pp.median,
         });
-      const greedyLabel =
-        process.env.HYDRA_GREEDY_SPLIT === '1'
-          ? 'greedy on the device, split argmax'
-          : 'greedy sampled on the device';
+      const greedyLabel = 'greedy sampled on the device';
       const labels = {
         chained: `decode, native loop, ${greedyLabel}, next step queued ahead (follow)`,
         backend: `decode, native loop, ${greedyLabel}, each step awaited`,
@@ -602,7 +599,7 @@ async function main() {
         if (only.has('http')) {
           log(`HTTP decode ${shape}`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
+            `${shape} q4_0 decode, one stream through the HTTP API`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },
@@ -619,7 +616,7 @@ async function main() {
           const usage = (await pre.json()).usage;
           log(`HTTP: served a ${usage?.prompt_tokens}-token prompt`);
           figure(
-            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt${process.env.HYDRA_GREEDY_SPLIT === '1' ? ', split argmax' : ''}`,
+            `${shape} q4_0 decode, one stream through the HTTP API, after serving a ${usage?.prompt_tokens}-token prompt`,
             'tokens/s',
             await httpDecode(engine.port),
             { name: 'llama-bench tg128', unit: 'tokens/s', median: anchor.tg.median },

@@ -784,16 +784,6 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
 // ---------------------------------------------------------------------------------------------
 // samplers: a chain per sequence, in the order common_sampler uses
 
-// HYDRA_GREEDY_SPLIT=1 samples greedily with hydra_greedy (a many-block argmax on the device)
-// instead of upstream's greedy: opt-in until a GPU run shows it faster.
-static bool greedy_split() {
-    static const bool on = [] {
-        const char * v = std::getenv("HYDRA_GREEDY_SPLIT");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
-    return on;
-}
-
 static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
@@ -826,7 +816,7 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
     }
     if (temp <= 0.0f) {
-        llama_sampler_chain_add(chain, greedy_split() ? hydra_greedy_init(llama_vocab_n_tokens(vocab)) : llama_sampler_init_greedy());
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typ_p < 1.0f) {

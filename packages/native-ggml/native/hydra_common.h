@@ -108,8 +108,6 @@ struct hydra_sampler {
     std::string signature;  // every parameter, seed included: equal signatures build equal chains
 };
 
-// Greedy sampling whose device graph spreads the argmax over many blocks (hydra_greedy.cpp).
-llama_sampler * hydra_greedy_init(int32_t n_vocab);
 
 // A sampler chain attached to a context for on-device sampling (a clone the context owns).
 struct hydra_attached {

@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { initBackend, Model } from '../src/index.js';
-import { binDir, greedyClient, run, tinyModel } from './helpers.js';
+import { binDir, run, tinyModel } from './helpers.js';
 
 const PROMPT = 'Hello world, this is a test';
 
@@ -64,18 +64,6 @@ describe.each(['f32', 'q8_0', 'q4_0'] as const)('greedy generation on the tiny %
     const { stdout } = await run(join(binDir, 'llama-simple'), ['-m', path, '-n', '16', PROMPT]);
     expect(stdout.trimEnd()).toBe(text.trimEnd());
   });
-});
-
-// HYDRA_GREEDY_SPLIT=1: greedy on the device as a many-block argmax (the tiny vocabulary of 1000
-// splits as 500 x 2) picks the same tokens as upstream's greedy, which equals llama-simple.
-describe.each(['f32', 'q4_0'] as const)('split greedy on the tiny %s model', (quant) => {
-  it('generates what upstream greedy generates', async () => {
-    const path = await tinyModel(quant);
-    const upstream = await greedyClient(path, PROMPT, 24);
-    const split = await greedyClient(path, PROMPT, 24, { HYDRA_GREEDY_SPLIT: '1' });
-    expect(split.generated).toHaveLength(24);
-    expect(split.generated).toEqual(upstream.generated);
-  }, 60_000);
 });
 
 describe('sequences and state', () => {

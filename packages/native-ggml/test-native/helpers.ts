@@ -42,24 +42,6 @@ export function run(
   });
 }
 
-/** Runs the greedy fixture in its own process (the sampler choice is read once per process). */
-export async function greedyClient(
-  model: string,
-  prompt: string,
-  n: number,
-  env: Record<string, string> = {},
-): Promise<{ generated: number[] }> {
-  const { stdout } = await new Promise<{ stdout: string }>((resolve, reject) => {
-    execFile(
-      process.execPath,
-      [join(fixtures, 'greedy-client.mjs'), model, prompt, String(n)],
-      { timeout: 60_000, maxBuffer: 16 << 20, env: { ...process.env, ...env } },
-      (err, out, stderr) => (err ? reject(Object.assign(err, { stderr })) : resolve({ stdout: out })),
-    );
-  });
-  return JSON.parse(stdout.trim().split('\n').at(-1)!) as { generated: number[] };
-}
-
 export interface ClientResult {
   logits: number[];
   generated: number[];
