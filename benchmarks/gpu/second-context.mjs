@@ -1,31 +1,46 @@
-// Probe of a drop seen on the H200: a context decodes at llama-bench's rate until a second context
-// of the process has decoded; from then on the first decodes 3-4% slower, even after the second is
-// freed. llama-bench, which creates and frees six contexts in one process, shows no such drop.
-// Each line is the median of 4 repetitions of 128 greedy tokens from an empty cache, steps queued
-// ahead (`follow`) as the engine runs them. Not a ratio against an anchor: a probe, labelled so.
-// Usage (after build.sh; bundle.mjs makes dist/gpu/second-context.cjs):
-//   node benchmarks/dist/gpu/second-context.cjs --model FILE [--threads 16] [--out FILE]
+// A context's decode rate as other contexts of the same process come and go, against the same
+// context alone before any other decoded (the anchor, same run). Two findings led here:
+// - CPU, 2 cores: while two contexts that had both decoded were alive, each decoded at 1/18 of its
+//   rate alone, when each context ran on a thread of its own (one OpenMP team per thread, both
+//   spinning on two cores); native-ggml now runs every context on one runner thread.
+// - H200 (not explained): a context decodes at llama-bench's rate until a second context of the
+//   process has decoded; from then on it decodes 3-4% slower, even after the second is freed, with
+//   one runner thread or one per context alike. llama-bench, creating and freeing six contexts in
+//   one process, shows no such drop.
+// Each figure is 4 repetitions of 128 (--tokens) greedy tokens from an empty cache, steps queued ahead
+// (`follow`) as the engine runs them.
+// Usage (bundle.mjs makes dist/gpu/second-context.cjs; on the GPU machine after build.sh, with the
+// unpacked test carry; --bin picks the addon, default the CUDA build):
+//   node benchmarks/dist/gpu/second-context.cjs --model FILE [--threads 16] [--tokens 128] [--out FILE]
 //        [--bin packages/native-ggml/build-cuda/bin]
 import { writeFileSync } from 'node:fs';
+import { cpus, hostname, release, totalmem } from 'node:os';
 import { resolve } from 'node:path';
-import { initBackend, Model } from '../../packages/native-ggml/dist/index.js';
+import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 
 const args = {};
 for (const [i, a] of process.argv.entries()) {
   if (i >= 2 && a.startsWith('--')) args[a.slice(2)] = process.argv[i + 1];
 }
 if (!args.model) {
-  console.error('usage: second-context.cjs --model FILE [--threads N] [--out FILE]');
+  console.error('usage: second-context.cjs --model FILE [--threads N] [--out FILE] [--bin DIR]');
   process.exit(2);
 }
 const threads = Number(args.threads ?? 16);
-// The addon of the CUDA build (the loader's default is the CPU build beside the package).
+const tokens = Number(args.tokens ?? 128);
 process.env.HYDRA_NATIVE_ADDON ??= resolve(
   args.bin ?? 'packages/native-ggml/build-cuda/bin',
   'hydra_ggml.node',
 );
 initBackend();
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
 async function main() {
+  const started = new Date();
   const model = await Model.load({ path: args.model, nGpuLayers: 99 });
   const sampler = model.createSampler({ temp: 0 });
   const create = () =>
@@ -38,10 +53,10 @@ async function main() {
       backendSampling: true,
     });
 
-  /** Median tokens/s of 4 repetitions of `n` tokens from an empty cache. */
-  async function decodeRate(ctx, n = 128) {
+  /** Tokens/s of 4 repetitions of `n` tokens (`--tokens`, 128) from an empty cache. */
+  async function decodeRates(ctx, n = tokens, reps = 4) {
     const rates = [];
-    for (let rep = 0; rep < 4; rep++) {
+    for (let rep = 0; rep < reps; rep++) {
       ctx.clear();
       const t0 = performance.now();
       let prev = ctx.decode([{ seq: 0, pos: 0, tokens: [model.info.bos], sampler }]);
@@ -53,42 +68,82 @@ async function main() {
       await prev;
       rates.push(n / ((performance.now() - t0) / 1000));
     }
-    rates.sort((a, b) => a - b);
-    return (rates[1] + rates[2]) / 2;
+    return rates;
   }
 
-  const lines = [];
-  const note = async (label, ctx) => {
-    const rate = await decodeRate(ctx);
-    lines.push({ label, tokensPerSecond: Math.round(rate * 10) / 10 });
-    console.log(`${label}: ${rate.toFixed(1)} tok/s`);
+  const figures = [];
+  let anchor;
+  const measure = async (label, ctx) => {
+    const samples = await decodeRates(ctx);
+    const f = {
+      name: label,
+      unit: 'tokens/s',
+      samples: samples.length,
+      median: median(samples),
+      p99: Math.max(...samples),
+      mean: samples.reduce((a, b) => a + b, 0) / samples.length,
+      better: 'higher',
+    };
+    if (anchor) {
+      f.anchor = anchor;
+      f.ratio = f.median / anchor.median;
+    } else {
+      anchor = {
+        name: 'context A alone, before any other context decoded',
+        unit: 'tokens/s',
+        median: f.median,
+      };
+    }
+    figures.push(f);
+    console.log(`${label}: ${f.median.toFixed(1)} tok/s${f.ratio ? ` (${f.ratio.toFixed(3)}x)` : ''}`);
   };
   const a = await create();
-  await decodeRate(a, 8); // warm-up
-  await note('A alone', a);
-  await note('A alone, again', a);
+  await decodeRates(a, 8, 1); // warm-up
+  await measure('A alone', a);
+  await measure('A alone, again', a);
   const unused = await create();
-  await note('A, a second context created, not used', a);
+  await measure('A, a second context created, not used', a);
   await unused.dispose();
-  await note('A, after that context was freed', a);
+  await measure('A, after that context was freed', a);
   const b = await create();
-  await decodeRate(b, 8);
-  await note('B, a context that decodes, A alive', b);
-  await note('A, B alive', a);
+  await decodeRates(b, 8, 1);
+  await measure('B, a second context that decodes, A alive', b);
+  await measure('A, B alive (both have decoded)', a);
   await b.dispose();
-  await note('A, after B was freed', a);
+  await measure('A, after B was freed', a);
   await a.dispose();
   const c = await create();
-  await decodeRate(c, 8);
-  await note('C, alone after A and B were freed', c);
+  await decodeRates(c, 8, 1);
+  await measure('C, alone after A and B were freed', c);
   await c.dispose();
   sampler.dispose();
   model.dispose();
-  if (args.out)
-    writeFileSync(
-      args.out,
-      `${JSON.stringify({ probe: 'second-context', model: args.model, threads, date: new Date().toISOString(), commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown', lines }, null, 2)}\n`,
-    );
+  const devices = listDevices();
+  const gpus = devices.filter((d) => d.type === 'gpu').map((d) => d.description);
+  const result = {
+    schema: 1,
+    suite: 'second-context',
+    commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown',
+    date: started.toISOString(),
+    machine: {
+      cpu: cpus()[0]?.model ?? 'unknown',
+      cores: cpus().length,
+      memory_gib: Math.round((totalmem() / 2 ** 30) * 10) / 10,
+      os: `Linux ${release()}`,
+      node: process.version,
+      gpus,
+      host: hostname(),
+    },
+    figures,
+    notes: {
+      command: `node benchmarks/dist/gpu/second-context.cjs ${process.argv.slice(2).join(' ')}`,
+      model: args.model,
+      threads,
+      tokens,
+      devices: devices.map((d) => d.name),
+    },
+  };
+  if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
 }
 
 main().then(
