@@ -87,39 +87,21 @@ static void model_destroy(hydra_model * m) {
     delete m;
 }
 
-std::shared_ptr<hydra_runner> hydra_runner_acquire() {
-    static std::mutex mutex;
-    static std::weak_ptr<hydra_runner> shared;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::shared_ptr<hydra_runner> runner = shared.lock();
-    if (!runner) {
-        runner = std::make_shared<hydra_runner>();
-        shared = runner;
-    }
-    return runner;
-}
-
-// JS thread (an explicit free, or the handle's finalizer): no step of this context is queued or
-// running then (freeing throws while any is pending, and queued steps keep the handle alive).
 static void context_destroy(hydra_context * c) {
+    c->runner.reset();  // lets queued work finish first
     if (c->done) {
         c->done.Release();
     }
     if (c->ctx) {
-        // On the runner, after whatever other contexts have queued, like everything else that
-        // touches this context's backends.
-        c->runner->run([c] {
-            llama_batch_free(c->batch);
-            llama_free(c->ctx);
-            for (auto & [seq, owned] : c->attached) {
-                if (owned.clone) {
-                    llama_sampler_free(owned.clone);
-                }
+        llama_batch_free(c->batch);
+        llama_free(c->ctx);
+        for (auto & [seq, owned] : c->attached) {
+            if (owned.clone) {
+                llama_sampler_free(owned.clone);
             }
-        });
+        }
         c->owner->n_contexts--;
     }
-    c->runner.reset();
     delete c;
 }
 
@@ -683,27 +665,21 @@ static enum ggml_type kv_type_from_name(Napi::Env env, const std::string & name)
 class context_create_worker : public Napi::AsyncWorker {
 public:
     context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp, bool backend_sampling)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling),
-          runner(hydra_runner_acquire()) {
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling) {
         model_ref = Napi::Persistent(model_handle);
     }
     Napi::Promise promise() { return deferred.Promise(); }
 
-    // A pool thread waits while the runner builds the context, so that the context's backends are
-    // created on the thread that will run them.
     void Execute() override {
-        runner->run([this] {
-            log_errors_take();
-            ctx = llama_init_from_model(m->model, cp);
-            if (ctx == nullptr) {
-                std::string why = log_errors_take();
-                SetError(why.empty() ? "failed to create the context" : why);
-            }
-        });
+        log_errors_take();
+        ctx = llama_init_from_model(m->model, cp);
+        if (ctx == nullptr) {
+            std::string why = log_errors_take();
+            SetError(why.empty() ? "failed to create the context" : why);
+        }
     }
     void OnOK() override {
         auto * c = new hydra_context();
-        c->runner = std::move(runner);
         c->ctx = ctx;
         c->owner = m;
         c->n_batch = (int32_t) llama_n_batch(ctx);
@@ -725,7 +701,6 @@ private:
     Napi::Reference<Napi::Value> model_ref;  // keeps the model alive while the context is built
     llama_context_params cp;
     bool backend_sampling;
-    std::shared_ptr<hydra_runner> runner;  // released on the JS thread (never the runner's own)
     llama_context * ctx = nullptr;
 };
 

@@ -40,14 +40,10 @@ struct hydra_model {
     int           n_contexts = 0;
 };
 
-// One OS thread that runs the compute of every context in the process: creation, decode steps,
-// state transfers, and freeing. libuv hands AsyncWorker jobs to any of its pool threads, and each
-// thread that calls ggml's CPU backend gets its own OpenMP team, which keeps spinning after its
-// region: measured on 2 cores, decode through rotating pool threads ran at 0.10x of llama-bench and on
-// one pinned thread at 0.67x (tiny model, where the per-call cost dominates). One thread per context
-// was not enough either: two live contexts that had both decoded brought two teams, and on 2 cores
-// each context then decoded the tiny model at 0.05x of its rate alone. Contexts of the process take
-// turns on this thread; they would contend for the same device and cores anyway.
+// One OS thread per context that runs all of its compute. libuv hands AsyncWorker jobs to any of its
+// pool threads, and each thread that calls ggml's CPU backend gets its own OpenMP team, which keeps
+// spinning after its region: measured on 2 cores, decode through rotating pool threads ran at 0.10x
+// of llama-bench and on one pinned thread at 0.67x (tiny model, where the per-call cost dominates).
 class hydra_runner {
 public:
     hydra_runner() : thread([this] { loop(); }) {}
@@ -106,10 +102,6 @@ private:
     std::thread thread;
 };
 
-// The process's runner, started on first use and stopped when the last context holding it is freed.
-// Never release the last reference on the runner thread itself (it would join itself).
-std::shared_ptr<hydra_runner> hydra_runner_acquire();
-
 struct hydra_sampler {
     llama_sampler * chain = nullptr;
     uint64_t id = 0;
@@ -136,7 +128,7 @@ struct hydra_context {
     int32_t           pending = 0;          // decode steps queued or running
     Napi::ThreadSafeFunction done;          // hands finished steps back to the JS thread
     std::vector<llama_token> last_sampled;  // per sequence, runner thread only: what `follow` feeds
-    std::shared_ptr<hydra_runner> runner;   // the process's runner (hydra_runner_acquire)
+    std::unique_ptr<hydra_runner> runner = std::make_unique<hydra_runner>();
     // Backend (on-device) sampling: the context owns a clone of each sequence's chain, because
     // llama.cpp keeps using attached samplers in later graph reservations, long after the JS sampler
     // of a finished request may be gone. Keyed by the sampler's id, never its (reusable) address.

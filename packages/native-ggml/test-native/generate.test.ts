@@ -1,4 +1,3 @@
-import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { initBackend, Model } from '../src/index.js';
@@ -275,59 +274,5 @@ describe('queued decode steps (follow)', () => {
     expect((await step).tokens[0]).toBeGreaterThanOrEqual(0);
     sampler.dispose();
     await ctx.dispose();
-  });
-});
-
-// Every context of the process runs on one runner thread: with a thread (and so an OpenMP team) per
-// context, two live contexts that had both decoded each ran at 1/18 of their rate alone on 2 cores
-// (benchmarks/results/second-context-*).
-describe('one runner thread for every context', () => {
-  let model: Model;
-  beforeAll(async () => {
-    initBackend();
-    model = await Model.load({ path: await tinyModel('q4_0') });
-    return () => model.dispose();
-  });
-
-  const osThreads = () => readdirSync('/proc/self/task').length;
-
-  it.skipIf(!existsSync('/proc/self/task'))(
-    'adds no OS thread for a second and a third context',
-    async () => {
-      const tokens = model.tokenize(PROMPT);
-      const open = () => model.createContext({ nCtx: 256, nBatch: 64, nThreads: 2 });
-      const first = await open();
-      await first.decode([{ seq: 0, pos: 0, tokens, logits: false }]);
-      const before = osThreads();
-      const more = [await open(), await open()];
-      for (const ctx of more) await ctx.decode([{ seq: 0, pos: 0, tokens, logits: false }]);
-      await first.decode([{ seq: 0, pos: tokens.length, tokens: [5], logits: false }]);
-      // One thread of slack for anything else the process may start meanwhile; a runner per context
-      // adds at least two (the runner and its OpenMP worker) for each.
-      expect(osThreads() - before).toBeLessThanOrEqual(1);
-      for (const ctx of [first, ...more]) await ctx.dispose();
-    },
-  );
-
-  it('interleaves queued steps of two live contexts with the tokens each gets alone', async () => {
-    const alone = await greedy(model, PROMPT, 8);
-    const contexts = [
-      await model.createContext({ nCtx: 256, nBatch: 64 }),
-      await model.createContext({ nCtx: 256, nBatch: 64 }),
-    ];
-    const samplers = contexts.map(() => model.createSampler({ temp: 0 }));
-    const tokens = model.tokenize(PROMPT);
-    const steps = contexts.map((ctx, k) => {
-      const queued = [ctx.decode([{ seq: 0, pos: 0, tokens, sampler: samplers[k]! }])];
-      for (let i = 1; i < 8; i++) {
-        queued.push(
-          ctx.decode([{ seq: 0, pos: tokens.length + i - 1, follow: true, sampler: samplers[k]! }]),
-        );
-      }
-      return Promise.all(queued);
-    });
-    for (const out of await Promise.all(steps)) expect(out.map((r) => r.tokens[0])).toEqual(alone);
-    for (const sampler of samplers) sampler.dispose();
-    for (const ctx of contexts) await ctx.dispose();
   });
 });
