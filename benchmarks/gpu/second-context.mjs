@@ -1,11 +1,12 @@
 // A context's decode rate as other contexts of the same process come and go, against the same
 // context alone before any other decoded (the anchor, same run). Two findings led here:
-// - CPU, 2 cores: while two contexts that had both decoded were alive, each decoded at 1/18 of its
-//   rate alone, when each context ran on a thread of its own (one OpenMP team per thread, both
-//   spinning on two cores); native-ggml now runs every context on one runner thread.
+// - CPU, 2 cores: while two contexts that had both decoded were alive, each decoded the tiny model at
+//   1/18 of its rate alone: each context runs on a thread of its own, so two OpenMP teams, and
+//   libgomp cuts its spin-wait short once it manages more threads than there are cores. One runner
+//   for the process fixed it but blocked COMBINE's failover, so it was reverted.
 // - H200 (not explained): a context decodes at llama-bench's rate until a second context of the
 //   process has decoded; from then on it decodes 3-4% slower, even after the second is freed, with
-//   one runner thread or one per context alike. llama-bench, creating and freeing six contexts in
+//   one runner thread for the process or one per context alike. llama-bench, creating and freeing six contexts in
 //   one process, shows no such drop.
 // Each figure is 4 repetitions of 128 (--tokens) greedy tokens from an empty cache, steps queued ahead
 // (`follow`) as the engine runs them.

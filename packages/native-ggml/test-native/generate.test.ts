@@ -276,3 +276,33 @@ describe('queued decode steps (follow)', () => {
     await ctx.dispose();
   });
 });
+
+describe('two live contexts of one model', () => {
+  let model: Model;
+  beforeAll(async () => {
+    initBackend();
+    model = await Model.load({ path: await tinyModel('q4_0') });
+    return () => model.dispose();
+  });
+
+  it('interleaves queued steps of both with the tokens each gets alone', async () => {
+    const alone = await greedy(model, PROMPT, 8);
+    const contexts = [
+      await model.createContext({ nCtx: 256, nBatch: 64 }),
+      await model.createContext({ nCtx: 256, nBatch: 64 }),
+    ];
+    const samplers = contexts.map(() => model.createSampler({ temp: 0 }));
+    const tokens = model.tokenize(PROMPT);
+    const runs = contexts.map((ctx, k) => {
+      const sampler = samplers[k]!;
+      const queued = [ctx.decode([{ seq: 0, pos: 0, tokens, sampler }])];
+      for (let i = 1; i < 8; i++) {
+        queued.push(ctx.decode([{ seq: 0, pos: tokens.length + i - 1, follow: true, sampler }]));
+      }
+      return Promise.all(queued);
+    });
+    for (const out of await Promise.all(runs)) expect(out.map((r) => r.tokens[0])).toEqual(alone);
+    for (const sampler of samplers) sampler.dispose();
+    for (const ctx of contexts) await ctx.dispose();
+  });
+});
