@@ -1,19 +1,15 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, realpathSync } from 'node:fs';
-import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { rpcWeightsIndexInfo } from '@hydra-engine/native-ggml';
 import { synthHparams, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort as freeLoopbackPort } from './control-helpers.js';
 import { CLI, engineWith, tinyModel, waitFor } from './helpers.js';
 
 async function freePort(): Promise<string> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return String(port);
+  return String(await freeLoopbackPort());
 }
 
 async function complete(url: string, prompt: string): Promise<{ text: string; tokens: number }> {
