@@ -21,6 +21,7 @@ import { fileSource } from '../../apps/engine/dist/placement.js';
 import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
 import { modelFactsFromGguf, planSplit, readGguf } from '../../packages/resolver/dist/index.js';
+import { summarize } from '../dist/schema.js';
 
 const args = {};
 for (const [i, a] of process.argv.entries()) {
@@ -103,14 +104,10 @@ function contextNumber(modes, mode) {
 }
 
 function mergeAnchors(a, b) {
-  const med = (xs) => {
-    const s = [...xs].sort((x, y) => x - y);
-    return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-  };
   const avg = (r) => ({ pp: r.pp.median, tg: r.tg.median });
   return {
-    pp: { median: med([...a.pp.samples, ...b.pp.samples]) },
-    tg: { median: med([...a.tg.samples, ...b.tg.samples]) },
+    pp: { median: summarize([...a.pp.samples, ...b.pp.samples]).median },
+    tg: { median: summarize([...a.tg.samples, ...b.tg.samples]).median },
     before: avg(a),
     after: avg(b),
   };

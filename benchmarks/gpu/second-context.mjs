@@ -15,9 +15,10 @@
 //   node benchmarks/dist/gpu/second-context.cjs --model FILE [--threads 16] [--tokens 128] [--out FILE]
 //        [--bin packages/native-ggml/build-cuda/bin]
 import { writeFileSync } from 'node:fs';
-import { cpus, hostname, release, totalmem } from 'node:os';
 import { resolve } from 'node:path';
 import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
+import { newResult } from '../dist/results.js';
+import { makeFigure } from '../dist/schema.js';
 
 const args = {};
 for (const [i, a] of process.argv.entries()) {
@@ -34,11 +35,6 @@ process.env.HYDRA_NATIVE_ADDON ??= resolve(
   'hydra_ggml.node',
 );
 initBackend();
-
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 
 async function main() {
   const started = new Date();
@@ -76,25 +72,8 @@ async function main() {
   let anchor;
   const measure = async (label, ctx) => {
     const samples = await decodeRates(ctx);
-    const f = {
-      name: label,
-      unit: 'tokens/s',
-      samples: samples.length,
-      median: median(samples),
-      p99: Math.max(...samples),
-      mean: samples.reduce((a, b) => a + b, 0) / samples.length,
-      better: 'higher',
-    };
-    if (anchor) {
-      f.anchor = anchor;
-      f.ratio = f.median / anchor.median;
-    } else {
-      anchor = {
-        name: 'context A alone, before any other context decoded',
-        unit: 'tokens/s',
-        median: f.median,
-      };
-    }
+    const f = makeFigure({ name: label, unit: 'tokens/s', samples, anchor });
+    anchor ??= { name: 'context A alone, before any other context decoded', samples };
     figures.push(f);
     console.log(`${label}: ${f.median.toFixed(1)} tok/s${f.ratio ? ` (${f.ratio.toFixed(3)}x)` : ''}`);
   };
@@ -119,31 +98,19 @@ async function main() {
   await c.dispose();
   sampler.dispose();
   model.dispose();
-  const devices = listDevices();
-  const gpus = devices.filter((d) => d.type === 'gpu').map((d) => d.description);
-  const result = {
-    schema: 1,
-    suite: 'second-context',
-    commit: process.env.HYDRA_BENCH_COMMIT ?? 'unknown',
-    date: started.toISOString(),
-    machine: {
-      cpu: cpus()[0]?.model ?? 'unknown',
-      cores: cpus().length,
-      memory_gib: Math.round((totalmem() / 2 ** 30) * 10) / 10,
-      os: `Linux ${release()}`,
-      node: process.version,
-      gpus,
-      host: hostname(),
-    },
+  const result = newResult(
+    'second-context',
     figures,
-    notes: {
+    [],
+    {
       command: `node benchmarks/dist/gpu/second-context.cjs ${process.argv.slice(2).join(' ')}`,
       model: args.model,
       threads,
       tokens,
-      devices: devices.map((d) => d.name),
+      devices: listDevices().map((d) => d.name),
     },
-  };
+    started,
+  );
   if (args.out) writeFileSync(args.out, `${JSON.stringify(result, null, 2)}\n`);
 }
 

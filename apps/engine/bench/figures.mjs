@@ -1,5 +1,4 @@
 // Shared by the engine's benchmark scripts: a figure from raw samples, and a free loopback port.
-import { createServer } from 'node:net';
 
 /** Median, p99 and mean of `samples`, with the ratio to `anchor`'s median when one is given. */
 export function summary(name, unit, samples, anchor) {
@@ -17,13 +16,4 @@ export function summary(name, unit, samples, anchor) {
   return fig;
 }
 
-/** A loopback port that was free a moment ago. */
-export function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
+export { freeLoopbackPort as freePort } from '../dist/index.js';

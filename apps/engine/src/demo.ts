@@ -1,9 +1,9 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { HydraError } from './errors.js';
+import { freeLoopbackPort } from './ports.js';
 import { selfCommand } from './self.js';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
@@ -69,17 +69,6 @@ function startChild(name: string, args: string[], io: Io): Child {
   };
 }
 
-function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.once('error', rej);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => res(port));
-    });
-  });
-}
-
 async function stop(child: Child): Promise<number | null> {
   if (child.proc.exitCode !== null) return child.proc.exitCode;
   const exited = new Promise<number | null>((res) => child.proc.once('exit', (code) => res(code)));
@@ -106,7 +95,7 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
   const children: Child[] = [];
   try {
     // --rpc-port 0 means off, so the peer gets a port that was free a moment ago.
-    const free = await freePort();
+    const free = await freeLoopbackPort();
     const peer = startChild('peer', ['--port', '0', '--rpc-port', String(free), '--progress', 'lines'], io);
     children.push(peer);
     const peerRpc = (await peer.waitFor(/merged ggml-RPC\/Hydra port on (\S+):(\d+)/, 30_000))[2]!;

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { rpcWeightsIndexInfo } from '@hydra-engine/native-ggml';
 import { synthHparams, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort as freeLoopbackPort } from './control-helpers.js';
+import { freeLoopbackPort } from '../src/ports.js';
 import { CLI, engineWith, tinyModel, waitFor } from './helpers.js';
 
 async function freePort(): Promise<string> {

@@ -1,44 +1,7 @@
-import { readFileSync } from 'node:fs';
-import { type AddressInfo, createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 
-/**
- * A loopback port free right now, picked below the kernel's ephemeral range: `listen(0)` hands out
- * ports from that range, the same one outgoing connections of tests running alongside draw from, so
- * one of them could take the port between this check and the engine's bind (seen once in CI as
- * EADDRINUSE on an `--rpc-port`).
- */
-export async function freePort(): Promise<number> {
-  let low = 32768;
-  try {
-    low =
-      Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
-  } catch {
-    // not Linux: the IANA default range starts at 49152, above the ports tried here
-  }
-  const from = 20000;
-  for (let attempt = 0; attempt < 64 && low > from + 1000; attempt++) {
-    const port = from + Math.floor(Math.random() * (low - from));
-    if (await canListen(port)) return port;
-  }
-  return await new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-function canListen(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
+export { freeLoopbackPort as freePort } from '../src/ports.js';
 
 export async function variant(
   beside: string,

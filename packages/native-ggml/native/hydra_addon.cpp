@@ -11,7 +11,6 @@
 #include <algorithm>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdarg>
 #include <cstring>
 #include <memory>

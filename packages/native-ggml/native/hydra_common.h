@@ -108,7 +108,6 @@ struct hydra_sampler {
     std::string signature;  // every parameter, seed included: equal signatures build equal chains
 };
 
-
 // A sampler chain attached to a context for on-device sampling (a clone the context owns).
 struct hydra_attached {
     uint64_t id = 0;

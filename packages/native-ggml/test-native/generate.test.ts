@@ -275,17 +275,8 @@ describe('queued decode steps (follow)', () => {
     sampler.dispose();
     await ctx.dispose();
   });
-});
 
-describe('two live contexts of one model', () => {
-  let model: Model;
-  beforeAll(async () => {
-    initBackend();
-    model = await Model.load({ path: await tinyModel('q4_0') });
-    return () => model.dispose();
-  });
-
-  it('interleaves queued steps of both with the tokens each gets alone', async () => {
+  it('interleaves the queued steps of two live contexts with the tokens each gets alone', async () => {
     const alone = await greedy(model, PROMPT, 8);
     const contexts = [
       await model.createContext({ nCtx: 256, nBatch: 64 }),
