@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { type AddressInfo, createServer } from 'node:net';
+import { HydraError } from './errors.js';
 
 /** Binds `port` on loopback (0: any) and closes it again: the port bound, or undefined if taken. */
 function tryListen(port: number): Promise<number | undefined> {
@@ -37,6 +38,6 @@ export async function freeLoopbackPort(): Promise<number> {
     if (port !== undefined) return port;
   }
   const any = await tryListen(0);
-  if (any === undefined) throw new Error('no free loopback port');
+  if (any === undefined) throw new HydraError('HYDRA_ERR_INTERNAL', 'no free loopback port');
   return any;
 }
