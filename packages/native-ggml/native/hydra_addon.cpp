@@ -15,7 +15,9 @@
 #include <cstring>
 #include <memory>
 #include <regex>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 
 // ---------------------------------------------------------------------------------------------
 // errors and logging
@@ -645,6 +647,259 @@ static Napi::Value chat_apply_template(const Napi::CallbackInfo & info) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// tokens and chat templates off the JS thread (tokenizeAsync, chatApplyTemplateAsync)
+//
+// llama.cpp's tokenizer_st_partition keeps the fragments of the prompt in a forward_list and, for
+// every special-token match, walks from the head of the list to the fragment it splits
+// (std::distance, std::next): k matches cost O(k^2) list steps. A 976 KiB prompt of special tokens
+// took 23 s; 150k chat messages render to 300k special tokens and took minutes. hydra_tokenize
+// makes the same partition into a vector (O(specials x text) like upstream's own search, without the
+// walk), then tokenizes each plain fragment by itself: a fragment never follows another fragment
+// (one or more special tokens always separate them), so for the vocabulary types whose fragments are
+// tokenized independently (SPM, BPE, UGM) the tokens are upstream's. Identical fragments are
+// tokenized once. Other vocabulary types take upstream's path.
+
+struct hydra_fragment {
+    llama_token token;  // LLAMA_TOKEN_NULL for plain text
+    size_t      offset;
+    size_t      length;
+};
+
+static std::vector<llama_token> tokenize_upstream(const llama_vocab * vocab, const std::string & text, bool add_special, bool parse_special) {
+    std::vector<llama_token> tokens(text.size() + 8);
+    int32_t n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
+    if (n < 0) {
+        tokens.resize(-n);
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
+    }
+    if (n < 0) {
+        throw std::runtime_error("tokenization failed");
+    }
+    tokens.resize(n);
+    return tokens;
+}
+
+static std::vector<llama_token> hydra_tokenize(const llama_vocab * vocab, enum llama_vocab_type type, const std::string & text, bool add_special, bool parse_special) {
+    if (text.size() > (size_t) INT32_MAX - 8) {
+        throw std::runtime_error("the text is longer than llama_tokenize accepts");
+    }
+    if (type != LLAMA_VOCAB_TYPE_SPM && type != LLAMA_VOCAB_TYPE_BPE && type != LLAMA_VOCAB_TYPE_UGM) {
+        return tokenize_upstream(vocab, text, add_special, parse_special);
+    }
+    // Upstream's special-token cache: the same members, the same sort, hence the same order.
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    std::vector<llama_token> specials;
+    for (llama_token id = 0; id < n_vocab; id++) {
+        if (llama_vocab_get_attr(vocab, id) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN)) {
+            specials.push_back(id);
+        }
+    }
+    std::sort(specials.begin(), specials.end(), [&](llama_token a, llama_token b) {
+        return strlen(llama_vocab_get_text(vocab, a)) > strlen(llama_vocab_get_text(vocab, b));
+    });
+    std::vector<hydra_fragment> frags;
+    if (!text.empty()) {
+        frags.push_back({LLAMA_TOKEN_NULL, 0, text.size()});
+    }
+    std::vector<hydra_fragment> next;
+    for (llama_token id : specials) {
+        const llama_token_attr attr = llama_vocab_get_attr(vocab, id);
+        if (!parse_special && (attr & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN))) {
+            continue;
+        }
+        const std::string_view st(llama_vocab_get_text(vocab, id));
+        if (st.empty()) {
+            continue;  // upstream would find it at every offset forever
+        }
+        next.clear();
+        for (const hydra_fragment & f : frags) {
+            if (f.token != LLAMA_TOKEN_NULL) {
+                next.push_back(f);
+                continue;
+            }
+            size_t off = f.offset, len = f.length;
+            while (true) {
+                size_t match = std::string_view(text.data(), off + len).find(st, off);
+                if (match == std::string_view::npos) {
+                    if (len > 0) {
+                        next.push_back({LLAMA_TOKEN_NULL, off, len});
+                    }
+                    break;
+                }
+                size_t left = match - off;
+                if (attr & LLAMA_TOKEN_ATTR_LSTRIP) {
+                    while (left > 0 && isspace((unsigned char) text[off + left - 1])) {
+                        left--;
+                    }
+                }
+                if (left > 0) {
+                    next.push_back({LLAMA_TOKEN_NULL, off, left});
+                }
+                next.push_back({id, 0, 0});
+                size_t right_off = match + st.size();
+                size_t right_len = off + len - right_off;
+                if (attr & LLAMA_TOKEN_ATTR_RSTRIP) {
+                    while (right_len > 0 && isspace((unsigned char) text[right_off])) {
+                        right_off++;
+                        right_len--;
+                    }
+                }
+                off = right_off;
+                len = right_len;
+            }
+        }
+        frags.swap(next);
+    }
+    std::vector<llama_token> out;
+    if (add_special && llama_vocab_get_add_bos(vocab)) {
+        out.push_back(llama_vocab_bos(vocab));
+    }
+    std::unordered_map<std::string_view, std::vector<llama_token>> seen;
+    for (const hydra_fragment & f : frags) {
+        if (f.token != LLAMA_TOKEN_NULL) {
+            out.push_back(f.token);
+            continue;
+        }
+        std::string_view piece(text.data() + f.offset, f.length);
+        auto it = seen.find(piece);
+        if (it == seen.end()) {
+            it = seen.emplace(piece, tokenize_upstream(vocab, std::string(piece), false, false)).first;
+        }
+        out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+    if (add_special && llama_vocab_get_add_eos(vocab)) {
+        out.push_back(llama_vocab_eos(vocab));
+    }
+    return out;
+}
+
+class tokenize_worker : public Napi::AsyncWorker {
+public:
+    tokenize_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, std::string text, bool add_special, bool parse_special, bool upstream)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), text(std::move(text)), add_special(add_special), parse_special(parse_special), upstream(upstream) {
+        model_ref = Napi::Persistent(model_handle);
+    }
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        try {
+            const llama_vocab * vocab = llama_model_get_vocab(m->model);
+            tokens = upstream ? tokenize_upstream(vocab, text, add_special, parse_special)
+                              : hydra_tokenize(vocab, llama_vocab_type(vocab), text, add_special, parse_special);
+        } catch (const std::exception & e) {
+            SetError(e.what());
+        }
+    }
+    void OnOK() override {
+        Napi::Int32Array out = Napi::Int32Array::New(Env(), tokens.size());
+        memcpy(out.Data(), tokens.data(), sizeof(llama_token) * tokens.size());
+        deferred.Resolve(out);
+    }
+    void OnError(const Napi::Error & e) override {
+        deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_BAD_ARGUMENT, e.Message()).Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    hydra_model * m;
+    Napi::Reference<Napi::Value> model_ref;  // the model outlives the job (the wrapper defers explicit frees)
+    std::string text;
+    bool add_special, parse_special, upstream;
+    std::vector<llama_token> tokens;
+};
+
+// (model, text, addSpecial, parseSpecial, upstream?) -> Promise<Int32Array>; upstream = true runs
+// llama_tokenize as is (tests compare both paths, the benchmark times both).
+static Napi::Value tokenize_async(const Napi::CallbackInfo & info) {
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    if (!info[1].IsString()) {
+        hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "text must be a string");
+    }
+    auto * w = new tokenize_worker(info.Env(), m, info[0], info[1].As<Napi::String>().Utf8Value(),
+                                   info.Length() > 2 && info[2].ToBoolean().Value(), info.Length() > 3 && info[3].ToBoolean().Value(),
+                                   info.Length() > 4 && info[4].ToBoolean().Value());
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+class chat_template_worker : public Napi::AsyncWorker {
+public:
+    chat_template_worker(Napi::Env env, std::string tmpl, std::vector<std::string> roles, std::vector<std::string> contents, bool add_assistant)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), tmpl(std::move(tmpl)), roles(std::move(roles)), contents(std::move(contents)), add_assistant(add_assistant) {}
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    void Execute() override {
+        std::vector<llama_chat_message> chat;
+        size_t total = 0;
+        for (size_t i = 0; i < roles.size(); i++) {
+            chat.push_back({roles[i].c_str(), contents[i].c_str()});
+            total += roles[i].size() + contents[i].size();
+        }
+        std::vector<char> buf(total * 2 + 256);
+        int32_t n = llama_chat_apply_template(tmpl.c_str(), chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+        if (n > (int32_t) buf.size()) {
+            buf.resize(n);
+            n = llama_chat_apply_template(tmpl.c_str(), chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+        }
+        if (n < 0) {
+            SetError("the model's chat template is not supported by llama_chat_apply_template");
+            return;
+        }
+        out.assign(buf.data(), n);
+    }
+    void OnOK() override { deferred.Resolve(Napi::String::New(Env(), out)); }
+    void OnError(const Napi::Error & e) override {
+        deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_BAD_ARGUMENT, e.Message()).Value());
+    }
+
+private:
+    Napi::Promise::Deferred deferred;
+    std::string tmpl;
+    std::vector<std::string> roles, contents;
+    bool add_assistant;
+    std::string out;
+};
+
+// (model, roles[], contents[], addAssistant, template?) -> Promise<string>. Two string arrays, not
+// message objects: copying them is the only work left on the JS thread.
+static Napi::Value chat_apply_template_async(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    if (!info[1].IsArray() || !info[2].IsArray()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "roles and contents must be arrays");
+    }
+    Napi::Array roles_in = info[1].As<Napi::Array>();
+    Napi::Array contents_in = info[2].As<Napi::Array>();
+    if (roles_in.Length() != contents_in.Length()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "roles and contents must have the same length");
+    }
+    std::vector<std::string> roles, contents;
+    roles.reserve(roles_in.Length());
+    contents.reserve(roles_in.Length());
+    for (uint32_t i = 0; i < roles_in.Length(); i++) {
+        Napi::Value r = roles_in.Get(i), c = contents_in.Get(i);
+        if (!r.IsString() || !c.IsString()) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "roles and contents must hold strings");
+        }
+        roles.push_back(r.As<Napi::String>().Utf8Value());
+        contents.push_back(c.As<Napi::String>().Utf8Value());
+    }
+    bool add_assistant = info.Length() > 3 && info[3].ToBoolean().Value();
+    std::string tmpl;
+    if (info.Length() > 4 && info[4].IsString()) {
+        tmpl = info[4].As<Napi::String>().Utf8Value();
+    } else {
+        const char * t = llama_model_chat_template(m->model, nullptr);
+        tmpl = t ? t : "chatml";  // llama_chat_apply_template's own default for a null template
+    }
+    auto * w = new chat_template_worker(env, std::move(tmpl), std::move(roles), std::move(contents), add_assistant);
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
 // context
 
 struct context_args {
@@ -1212,6 +1467,8 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("tokenToPiece", Napi::Function::New(env, token_to_piece));
     exports.Set("detokenize", Napi::Function::New(env, detokenize));
     exports.Set("chatApplyTemplate", Napi::Function::New(env, chat_apply_template));
+    exports.Set("tokenizeAsync", Napi::Function::New(env, tokenize_async));
+    exports.Set("chatApplyTemplateAsync", Napi::Function::New(env, chat_apply_template_async));
     exports.Set("contextCreate", Napi::Function::New(env, context_create));
     exports.Set("contextFree", Napi::Function::New(env, context_free));
     exports.Set("contextInfo", Napi::Function::New(env, context_info));

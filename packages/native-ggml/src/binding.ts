@@ -144,6 +144,20 @@ export interface NativeBinding {
     addAssistant: boolean,
     template?: string,
   ): string;
+  tokenizeAsync(
+    model: ModelHandle,
+    text: string,
+    addSpecial: boolean,
+    parseSpecial: boolean,
+    upstream?: boolean,
+  ): Promise<Int32Array>;
+  chatApplyTemplateAsync(
+    model: ModelHandle,
+    roles: string[],
+    contents: string[],
+    addAssistant: boolean,
+    template?: string,
+  ): Promise<string>;
   contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
   contextFree(ctx: ContextHandle): void;
   contextInfo(ctx: ContextHandle): {

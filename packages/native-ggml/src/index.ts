@@ -223,6 +223,8 @@ export class Model {
   readonly info: NativeModelInfo;
   readonly path: string;
   readonly #contexts = new Set<Context>();
+  #jobs = 0;
+  #freeAfterJobs: ModelHandle | undefined;
 
   readonly #offloaded: boolean;
 
@@ -306,6 +308,58 @@ export class Model {
     );
   }
 
+  /**
+   * {@link tokenize} off the JS thread, in time linear in the text (llama.cpp's own special-token
+   * partition is quadratic in the number of special tokens; `upstream: true` runs it as is).
+   */
+  tokenizeAsync(
+    text: string,
+    options: { addSpecial?: boolean; parseSpecial?: boolean; upstream?: boolean } = {},
+  ): Promise<Int32Array> {
+    return this.#job(() =>
+      this.#binding.tokenizeAsync(
+        this.#h(),
+        text,
+        options.addSpecial ?? this.info.addBos,
+        options.parseSpecial ?? true,
+        options.upstream ?? false,
+      ),
+    );
+  }
+
+  /** {@link applyChatTemplate} off the JS thread. */
+  applyChatTemplateAsync(
+    messages: { role: string; content: string }[],
+    options: { addAssistant?: boolean; template?: string } = {},
+  ): Promise<string> {
+    const roles = messages.map((m) => m.role);
+    const contents = messages.map((m) => m.content);
+    return this.#job(() =>
+      this.#binding.chatApplyTemplateAsync(
+        this.#h(),
+        roles,
+        contents,
+        options.addAssistant ?? true,
+        options.template,
+      ),
+    );
+  }
+
+  // A job holds the native model until it settles: dispose() while one runs frees it afterwards.
+  async #job<T>(start: () => Promise<T>): Promise<T> {
+    const promise = call(start);
+    this.#jobs++;
+    try {
+      return await callAsync(() => promise);
+    } finally {
+      if (--this.#jobs === 0 && this.#freeAfterJobs) {
+        const handle = this.#freeAfterJobs;
+        this.#freeAfterJobs = undefined;
+        call(() => this.#binding.modelFree(handle));
+      }
+    }
+  }
+
   /** Creates a context with the context-time (T2) parameters, off the JS thread. */
   async createContext(params: NativeContextParams = {}): Promise<Context> {
     const threads = defaultThreads();
@@ -342,8 +396,9 @@ export class Model {
       );
     }
     const handle = this.#handle;
-    call(() => this.#binding.modelFree(handle));
     this.#handle = undefined;
+    if (this.#jobs > 0) this.#freeAfterJobs = handle;
+    else call(() => this.#binding.modelFree(handle));
   }
 }
 
