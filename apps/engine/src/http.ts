@@ -370,7 +370,7 @@ export class HttpApi {
       const nVocab = engine.model?.info.nVocab ?? 0;
       if (body.prompt.some((t) => (t as number) >= nVocab))
         throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
-      engine.tokenize('');
+      engine.assertReady();
       prompt = Int32Array.from(body.prompt as number[]);
     } else prompt = engine.tokenize(promptText);
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;

@@ -1,0 +1,83 @@
+import type { ContextParams, ModelLoadParams, SamplerParams } from '@hydra-engine/native-ggml';
+import type { Params } from '@hydra-engine/tiering';
+import { HydraError } from '../errors.js';
+
+function withoutDefaults<T extends object>(obj: T): Partial<T> {
+  const out: Partial<T> = {};
+  for (const [k, v] of Object.entries(obj)) if (v !== undefined) (out as Record<string, unknown>)[k] = v;
+  return out;
+}
+
+/** Model load parameters (T3 fields) from the configuration in force. */
+export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
+  const overrides = [...((cfg.override_tensors as string[]) ?? [])];
+  // llama.cpp --n-cpu-moe N: the experts of the first N layers stay in host memory.
+  const nCpuMoe = (cfg.n_cpu_moe as number) ?? 0;
+  for (let i = 0; i < nCpuMoe; i++) overrides.push(`blk\\.${i}\\.ffn_(up|down|gate)_exps=CPU`);
+  const kvOverrides = ((cfg.kv_overrides as string[]) ?? []).map((spec) => {
+    const m = /^([^=]+)=(int|float|bool|str):(.*)$/.exec(spec);
+    if (!m)
+      throw new HydraError('HYDRA_ERR_BAD_VALUE', `kv_overrides item must be KEY=TYPE:VALUE, got ${spec}`);
+    const type = m[2] as 'int' | 'float' | 'bool' | 'str';
+    const raw = m[3]!;
+    const value = type === 'str' ? raw : type === 'bool' ? raw === 'true' : Number(raw);
+    return { key: m[1]!, type, value };
+  });
+  const ngl = cfg.n_gpu_layers as number;
+  const split = (cfg.tensor_split as number[]) ?? [];
+  const devices = (cfg.devices as string[]) ?? [];
+  return withoutDefaults({
+    path,
+    nGpuLayers: ngl === -1 ? undefined : ngl,
+    splitMode: cfg.split_mode === 'tensor' ? 'layer' : (cfg.split_mode as 'none' | 'layer' | 'row'),
+    mainGpu: cfg.main_gpu as number,
+    tensorSplit: split.length > 0 ? split : undefined,
+    devices: devices.length > 0 ? devices : undefined,
+    overrides: overrides.length > 0 ? overrides : undefined,
+    kvOverrides: kvOverrides.length > 0 ? kvOverrides : undefined,
+    useMmap: cfg.use_mmap as boolean,
+    useMlock: cfg.use_mlock as boolean,
+    checkTensors: cfg.check_tensors as boolean,
+  }) as ModelLoadParams;
+}
+
+/** Context parameters (T2 fields) from the configuration in force. */
+export function contextParamsFrom(cfg: Params): ContextParams {
+  const positive = (v: unknown) => (typeof v === 'number' && v > 0 ? v : undefined);
+  const rope = cfg.rope_scaling_type as string;
+  return withoutDefaults({
+    nCtx: cfg.n_ctx as number,
+    nBatch: cfg.n_batch as number,
+    nUbatch: cfg.n_ubatch as number,
+    nSeqMax: cfg.n_parallel as number,
+    nThreads: positive(cfg['cpuparams.n_threads']),
+    nThreadsBatch: positive(cfg['cpuparams_batch.n_threads']) ?? positive(cfg['cpuparams.n_threads']),
+    flashAttn: cfg.flash_attn as 'auto' | 'on' | 'off',
+    typeK: cfg.cache_type_k as string,
+    typeV: cfg.cache_type_v as string,
+    ropeFreqBase: positive(cfg.rope_freq_base),
+    ropeFreqScale: positive(cfg.rope_freq_scale),
+    ropeScalingType: rope === 'none' || rope === 'linear' || rope === 'yarn' ? rope : undefined,
+    yarnOrigCtx: positive(cfg.yarn_orig_ctx),
+    offloadKqv: !(cfg.no_kv_offload as boolean),
+    opOffload: !(cfg.no_op_offload as boolean),
+    swaFull: cfg.swa_full as boolean,
+    kvUnified: cfg.kv_unified as boolean,
+  }) as ContextParams;
+}
+
+/** Sampler parameters (T1 `sampling.*` and `seed`) from a configuration or request. */
+export function samplerParamsFrom(cfg: Params): SamplerParams {
+  return {
+    temp: cfg['sampling.temp'] as number,
+    topK: cfg['sampling.top_k'] as number,
+    topP: cfg['sampling.top_p'] as number,
+    minP: cfg['sampling.min_p'] as number,
+    typP: cfg['sampling.typ_p'] as number,
+    penaltyRepeat: cfg['sampling.penalty_repeat'] as number,
+    penaltyFreq: cfg['sampling.penalty_freq'] as number,
+    penaltyPresent: cfg['sampling.penalty_present'] as number,
+    penaltyLastN: cfg['sampling.penalty_last_n'] as number,
+    seed: cfg.seed as number,
+  };
+}

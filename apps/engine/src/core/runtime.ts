@@ -1,0 +1,311 @@
+// The runtime: model and context lifecycle (load, context rebuilds, unload), the MoE standby
+// placement and failover after a peer loss. It attaches what it builds to the scheduler and holds
+// the scheduler (hold/whenIdle) around every rebuild.
+import { type Context, type Device, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
+import type { ModelRegistry } from '@hydra-engine/resolver';
+import type { ConfigLayers, Params } from '@hydra-engine/tiering';
+import { loadDevices, markPeerLost, registerPeer, safeDevices } from '../combine/devices.js';
+import { expertOverrides, isMoe } from '../combine/moe.js';
+import { HydraError } from '../errors.js';
+import { computePlacement, type Placement } from '../placement.js';
+import { contextParamsFrom, modelParamsFrom } from './params.js';
+import type { Scheduler } from './scheduler.js';
+import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
+
+/** A model and context pair that may serve decode steps. */
+interface Serving {
+  model: Model;
+  ctx: Context;
+}
+
+/**
+ * Models and contexts that used a lost ggml-RPC peer. Freeing them would talk to the dead peer
+ * (its client dispatcher is parked: the free would wait forever), so they are kept referenced for
+ * the life of the process on purpose: a deliberate, bounded leak per peer loss.
+ */
+const ABANDONED: unknown[] = [];
+
+/**
+ * `params` with explicit devices once any ggml-RPC peer was registered in this process: the local
+ * devices plus those of `peers` (see combine/devices.ts), overrides onto other peers dropped.
+ */
+function withDevices(params: ModelLoadParams, peers: readonly string[]): ModelLoadParams {
+  const sel = loadDevices(peers, { devices: params.devices, overrides: params.overrides });
+  if (!sel) return params;
+  const out: ModelLoadParams = { ...params, devices: sel.devices };
+  if (sel.overrides && sel.overrides.length > 0) out.overrides = sel.overrides;
+  else delete out.overrides;
+  if (sel.dropped) delete out.tensorSplit;
+  return out;
+}
+
+export interface RuntimeOptions {
+  layers: ConfigLayers;
+  registry: ModelRegistry | undefined;
+  log: Logger;
+  counters: EngineCounters;
+  scheduler: Scheduler;
+}
+
+/** Model, context and placement lifecycle of one engine. */
+export class Runtime {
+  readonly #layers: ConfigLayers;
+  readonly #registry: ModelRegistry | undefined;
+  readonly #log: Logger;
+  readonly #counters: EngineCounters;
+  readonly #scheduler: Scheduler;
+  #state: EngineState = 'empty';
+  #epoch = 0;
+  #model: Model | undefined;
+  #placement: Placement | undefined;
+  #modelPath: string | undefined;
+  #lastError: string | undefined;
+  #closing = false;
+  #mode: ExpertMode | undefined;
+  /** MoE + COMBINE: the other expert placement, resident and ready (see {@link setExpertMode}). */
+  #standby: (Serving & { mode: ExpertMode }) | undefined;
+  #degraded: Degraded | undefined;
+  #failingOver = false;
+  readonly #peerLostListeners: (() => void)[] = [];
+
+  constructor(options: RuntimeOptions) {
+    this.#layers = options.layers;
+    this.#registry = options.registry;
+    this.#log = options.log;
+    this.#counters = options.counters;
+    this.#scheduler = options.scheduler;
+  }
+
+  get state(): EngineState {
+    return this.#state;
+  }
+  get epoch(): number {
+    return this.#epoch;
+  }
+  get model(): Model | undefined {
+    return this.#model;
+  }
+  get modelPath(): string | undefined {
+    return this.#modelPath;
+  }
+  get placement(): Placement | undefined {
+    return this.#placement;
+  }
+  get lastError(): string | undefined {
+    return this.#lastError;
+  }
+  get degraded(): Degraded | undefined {
+    return this.#degraded;
+  }
+  get dualPlacement(): boolean {
+    return this.#standby !== undefined;
+  }
+  get mode(): ExpertMode {
+    return this.#mode ?? ((this.#layers.get('rpc_servers') as string[]).length > 0 ? 'combined' : 'solo');
+  }
+
+  devices(): Device[] {
+    try {
+      return safeDevices();
+    } catch {
+      return [];
+    }
+  }
+
+  /** The loaded model when requests may be admitted; else the admission error. */
+  requireModel(): Model {
+    if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'the model is still loading');
+    if (this.#closing) throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
+    if (!this.#model || (!this.#scheduler.ctx && !this.#scheduler.held))
+      throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded; start with --model or CONFIGURE one');
+    return this.#model;
+  }
+
+  /** See `Engine.load`. */
+  async load(options: { onProgress?: (p: number) => void; signal?: AbortSignal } = {}): Promise<void> {
+    const cfg = this.#layers.effective();
+    const name = cfg.model as string;
+    if (!name) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model configured');
+    if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'a model is already loading');
+    const samePath = (this.#registry ? this.#registry.resolve(name).path : name) === this.#modelPath;
+    // Queued prompts stay valid across a reload of the same file (same vocabulary).
+    await this.#unload(samePath);
+    this.#state = 'loading';
+    const started = performance.now();
+    try {
+      const path = this.#registry ? this.#registry.resolve(name).path : name;
+      const peers = (cfg.rpc_servers as string[]) ?? [];
+      const peerBufts: string[] = [];
+      for (const peer of peers) peerBufts.push(...(await registerPeer(peer)).bufferTypes);
+      const configured = modelParamsFrom(cfg, path);
+      // MoE + COMBINE: the experts go to the first peer unless the overrides already place them.
+      const dual = peers.length > 0 && (await isMoe(path));
+      if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!);
+      const params = withDevices(configured, peers);
+      const loadOpts: { onProgress?: (p: number) => void; signal?: AbortSignal } = {};
+      if (options.onProgress) loadOpts.onProgress = options.onProgress;
+      if (options.signal) loadOpts.signal = options.signal;
+      this.#model = await Model.load(params, loadOpts);
+      this.#modelPath = path;
+      await this.#createContext(cfg);
+      this.#mode = undefined;
+      if (dual) {
+        // The SOLO placement stays resident beside the COMBINED one, with its own context, so
+        // SET_EXPERT_MODE only switches which pair serves the next step. With mmap on the CPU both
+        // models share the file's pages; on GPUs the non-expert weights are held twice.
+        const model = await Model.load(withDevices(configured, []), loadOpts);
+        try {
+          const ctx = await model.createContext(contextParamsFrom(cfg));
+          this.#standby = { model, ctx, mode: 'solo' };
+        } catch (err) {
+          model.dispose();
+          throw err;
+        }
+      }
+      this.#counters.loadSeconds = (performance.now() - started) / 1000;
+      // Where layers went follows the device list the load used (peers first), not the listing order.
+      const loaded = params.devices ? { ...cfg, devices: params.devices } : cfg;
+      this.#placement = await computePlacement(path, loaded, this.devices()).catch((err: Error) => {
+        this.#log.warn(`hydra-engine: layer placement unavailable: ${err.message}`);
+        return undefined;
+      });
+      this.#state = 'ready';
+      this.#lastError = undefined;
+      if (!this.#failingOver) this.#degraded = undefined;
+      this.#epoch += 1;
+      this.#scheduler.kick();
+    } catch (err) {
+      await this.#unload();
+      this.#state = 'error';
+      this.#lastError = (err as Error).message;
+      if (err instanceof HydraError && err.code !== 'HYDRA_ERR_INTERNAL') throw err;
+      throw new HydraError('HYDRA_ERR_LOAD_FAILED', `model load failed: ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
+  }
+
+  async #createContext(cfg: Params): Promise<void> {
+    const model = this.#model!;
+    this.#scheduler.attach(model, await model.createContext(contextParamsFrom(cfg)));
+  }
+
+  async #unload(keepQueue = false): Promise<void> {
+    if (!keepQueue)
+      this.#scheduler.rejectQueued(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
+    this.#scheduler.hold();
+    try {
+      await this.#scheduler.whenIdle();
+    } finally {
+      this.#scheduler.unhold();
+    }
+    await this.#scheduler.whenIdle();
+    await this.#freeAll();
+    this.#modelPath = undefined;
+    this.#placement = undefined;
+  }
+
+  async #freeAll(): Promise<void> {
+    await this.#scheduler.detach()?.dispose();
+    this.#model?.dispose();
+    this.#model = undefined;
+    await this.#standby?.ctx.dispose();
+    this.#standby?.model.dispose();
+    this.#standby = undefined;
+  }
+
+  /** See `Engine.reconfigure`. */
+  async reconfigure(rebuild: 'none' | 'sampler' | 'context' | 'model'): Promise<void> {
+    if (rebuild === 'model') {
+      await this.load();
+      return;
+    }
+    if (rebuild === 'context' && this.#model) {
+      // New requests queue (not rejected) while the context is rebuilt.
+      this.#scheduler.hold();
+      try {
+        await this.#scheduler.whenIdle();
+        await this.#scheduler.detach()?.dispose();
+        await this.#createContext(this.#layers.effective());
+        if (this.#standby) {
+          await this.#standby.ctx.dispose();
+          this.#standby.ctx = await this.#standby.model.createContext(
+            contextParamsFrom(this.#layers.effective()),
+          );
+        }
+      } catch (err) {
+        this.#state = 'error';
+        this.#lastError = (err as Error).message;
+        throw err;
+      } finally {
+        this.#scheduler.unhold();
+      }
+    }
+    this.#epoch += 1;
+    this.#scheduler.kick();
+  }
+
+  /** See `Engine.setExpertMode`. */
+  async setExpertMode(mode: ExpertMode): Promise<{ reloaded: false; moved: number }> {
+    if (!this.#standby) {
+      this.#mode = mode;
+      return { reloaded: false, moved: 0 };
+    }
+    return this.#scheduler.exclusive(async () => {
+      const sb = this.#standby;
+      const ctx = this.#scheduler.ctx;
+      if (!sb || !ctx || !this.#model || sb.mode !== mode) return { reloaded: false as const, moved: 0 };
+      let moved = 0;
+      for (const i of this.#scheduler.slotsInUse()) {
+        const bytes = await ctx.getSequenceState(i);
+        sb.ctx.removeSequence(i);
+        await sb.ctx.setSequenceState(i, bytes);
+        ctx.removeSequence(i);
+        moved++;
+      }
+      const current = { model: this.#model, ctx, mode: this.mode };
+      this.#model = sb.model;
+      this.#scheduler.swap(sb.model, sb.ctx);
+      this.#standby = current;
+      this.#mode = mode;
+      return { reloaded: false as const, moved };
+    });
+  }
+
+  onPeerLost(listener: () => void): void {
+    this.#peerLostListeners.push(listener);
+  }
+
+  /** See `Engine.failOver`. */
+  async failOver(reason: string, peers: string[]): Promise<void> {
+    if (this.#failingOver) return;
+    this.#failingOver = true;
+    try {
+      this.#degraded = { reason, since: new Date().toISOString(), peers };
+      for (const p of peers) markPeerLost(p);
+      const err = new HydraError('HYDRA_ERR_PEER_LOST', `the request ended: ${reason}`, {
+        details: { peers },
+      });
+      ABANDONED.push(this.#model, this.#scheduler.ctx, this.#standby);
+      this.#scheduler.abandon(err);
+      this.#model = undefined;
+      this.#standby = undefined;
+      this.#layers.configure({ rpc_servers: [] });
+      for (const l of this.#peerLostListeners) l();
+      this.#log.warn(`hydra-engine: HYDRA_ERR_PEER_LOST: ${reason}; reloading SOLO`);
+      if (this.#state === 'loading') return;
+      await this.load();
+    } finally {
+      this.#failingOver = false;
+    }
+  }
+
+  /** See `Engine.close`. */
+  async close(): Promise<void> {
+    this.#closing = true;
+    this.#state = 'draining';
+    this.#scheduler.cancelAll();
+    await this.#scheduler.whenIdle();
+    await this.#freeAll();
+  }
+}

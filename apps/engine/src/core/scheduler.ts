@@ -1,0 +1,645 @@
+// The scheduler: the bounded queue, the `n_parallel` slots and the continuous-batching loop that
+// assembles each decode step. It serves the model and context the runtime attaches and knows
+// nothing of how they were made; the runtime holds it (hold/whenIdle) around every rebuild.
+import type { Context, DecodeEntry, Model, Sampler } from '@hydra-engine/native-ggml';
+import { HydraError } from '../errors.js';
+import { TextOutput } from './output.js';
+import { decodeSlotState, encodeSlotState } from './slot-state.js';
+import type {
+  EngineCounters,
+  FinishReason,
+  GenerationParams,
+  GenerationResult,
+  SubmitOptions,
+} from './types.js';
+
+interface Job {
+  prompt: Int32Array;
+  params: GenerationParams;
+  onText: ((text: string) => void) | undefined;
+  signal: AbortSignal | undefined;
+  epoch: number;
+  slotId: number | undefined;
+  cachePrompt: boolean;
+  reuse: number;
+  /** Set by {@link Scheduler.endRunning}: the loop ends the job with it between steps. */
+  failure: Error | undefined;
+  resolve(r: GenerationResult): void;
+  reject(err: unknown): void;
+  // Slot-time state.
+  slot: number;
+  sampler: Sampler | undefined;
+  promptFed: boolean;
+  pos: number;
+  last: number;
+  generated: number[];
+  output: TextOutput;
+  maxTokens: number;
+}
+
+/** One queued decode step: the jobs of its entries, in entry order. */
+interface Step {
+  jobs: Job[];
+  result: Promise<{ tokens: Int32Array }>;
+  queuedAt: number;
+}
+
+const RATE_WINDOW_MS = 10_000;
+
+export interface SchedulerOptions {
+  maxQueue: number;
+  counters: EngineCounters;
+  /** The configuration epoch in force; a job records it when admitted. */
+  epoch: () => number;
+  /** Queue the next step before the current one ends (see #chain). */
+  pipeline: boolean;
+}
+
+/** Queue, slots and the decode loop over one attached model and context. */
+export class Scheduler {
+  readonly #maxQueue: number;
+  readonly #counters: EngineCounters;
+  readonly #epoch: () => number;
+  readonly #pipeline: boolean;
+  #model: Model | undefined;
+  #ctx: Context | undefined;
+  #nCtxSeq = 0;
+  #slots: (Job | undefined)[] = [];
+  readonly #queue: Job[] = [];
+  #running = false;
+  #idleWaiters: (() => void)[] = [];
+  /** Tokens whose KV each slot's sequence holds (kept only for `cachePrompt` requests). */
+  #cache: Int32Array[] = [];
+  #held = 0;
+  /** Bumped when the attached pair is abandoned: a decode loop of an older generation stops. */
+  #gen = 0;
+  #decodeSince: number | undefined;
+  readonly #tasks: (() => Promise<void>)[] = [];
+  /** Decode steps queued or running; KV and sampler cleanups wait for 0 (#afterStep). */
+  #stepsInFlight = 0;
+  readonly #afterSteps: (() => void)[] = [];
+  #lastStepEnd = 0;
+  readonly #slotListeners: ((busy: number) => void)[] = [];
+  readonly #rate: { at: number; tokens: number }[] = [];
+
+  constructor(options: SchedulerOptions) {
+    this.#maxQueue = options.maxQueue;
+    this.#counters = options.counters;
+    this.#epoch = options.epoch;
+    this.#pipeline = options.pipeline;
+  }
+
+  /** The context steps run on, if one is attached. */
+  get ctx(): Context | undefined {
+    return this.#ctx;
+  }
+  get held(): boolean {
+    return this.#held > 0;
+  }
+  get nSlots(): number {
+    return this.#slots.length;
+  }
+  get nCtxSeq(): number {
+    return this.#nCtxSeq;
+  }
+  get busy(): number {
+    let n = 0;
+    for (const s of this.#slots) if (s) n += 1;
+    return n;
+  }
+  get queueDepth(): number {
+    return this.#queue.length;
+  }
+
+  /** Serves `ctx` from the next step on, with empty slots sized to it (a new context). */
+  attach(model: Model, ctx: Context): void {
+    this.#model = model;
+    this.#ctx = ctx;
+    const info = ctx.info;
+    this.#nCtxSeq = info.nCtxSeq;
+    this.#slots = new Array(info.nSeqMax).fill(undefined);
+    this.#cache = this.#slots.map(() => new Int32Array(0));
+  }
+
+  /** Serves another pair with the same slots and KV (the KV was copied over by the caller). */
+  swap(model: Model, ctx: Context): void {
+    this.#model = model;
+    this.#ctx = ctx;
+  }
+
+  /** Stops serving the attached context (call once idle); returns it for the caller to free. */
+  detach(): Context | undefined {
+    const ctx = this.#ctx;
+    this.#ctx = undefined;
+    this.#model = undefined;
+    this.#slots = [];
+    this.#cache = [];
+    return ctx;
+  }
+
+  /** Slots that are running a request or hold cached KV (what a KV move must carry). */
+  slotsInUse(): number[] {
+    const out: number[] = [];
+    for (let i = 0; i < this.#slots.length; i++)
+      if (this.#slots[i] || (this.#cache[i]?.length ?? 0) > 0) out.push(i);
+    return out;
+  }
+
+  /**
+   * The attached pair is lost (a peer died under it): every running request is rejected with
+   * `err`, a step parked on it is forgotten and nothing is freed (the caller keeps the pair).
+   */
+  abandon(err: Error): void {
+    this.#gen += 1;
+    this.#running = false;
+    this.#decodeSince = undefined;
+    this.#stepsInFlight = 0;
+    this.#afterSteps.length = 0;
+    for (const job of this.#slots) {
+      if (!job) continue;
+      // Its sampler may be in use by the parked decode: not freed either.
+      this.#counters.requests.error += 1;
+      job.reject(err);
+    }
+    this.#ctx = undefined;
+    this.#model = undefined;
+    this.#slots = [];
+    this.#cache = [];
+    this.#slotsChanged();
+    for (const w of this.#idleWaiters.splice(0)) w();
+  }
+
+  /** Rejects every queued request with `err`. */
+  rejectQueued(err: Error): void {
+    for (const job of this.#queue.splice(0)) job.reject(err);
+  }
+
+  /** Ends queued requests as cancelled and asks running ones to stop at the next step. */
+  cancelAll(): void {
+    for (const job of this.#queue.splice(0)) this.#finish(job, 'cancelled');
+    for (const job of this.#slots) if (job) job.signal = AbortSignal.abort();
+  }
+
+  /** Generated tokens per second over the last 10 s of decoding. */
+  tokensPerSecond(now = performance.now()): number {
+    while (this.#rate.length > 0 && this.#rate[0]!.at < now - RATE_WINDOW_MS) this.#rate.shift();
+    if (this.#rate.length === 0) return 0;
+    let tokens = 0;
+    for (const r of this.#rate) tokens += r.tokens;
+    const span = Math.max(now - this.#rate[0]!.at, 1);
+    return (tokens * 1000) / span;
+  }
+
+  /** How long the decode step in flight has run (ms), or undefined between steps. */
+  decodeStalledMs(now = performance.now()): number | undefined {
+    return this.#decodeSince === undefined ? undefined : now - this.#decodeSince;
+  }
+
+  /** Resolves when no slot is busy and the decode loop has stopped. */
+  whenIdle(): Promise<void> {
+    if (!this.#running && this.#slots.every((s) => !s)) return Promise.resolve();
+    return new Promise((resolve) => this.#idleWaiters.push(resolve));
+  }
+
+  /** Stops admitting queued requests (running ones continue) until {@link resume}. */
+  hold(): void {
+    this.#held += 1;
+  }
+
+  resume(): void {
+    this.unhold();
+    this.kick();
+  }
+
+  /** Ends one {@link hold} without starting the loop (the caller starts it when it is ready). */
+  unhold(): void {
+    if (this.#held > 0) this.#held -= 1;
+  }
+
+  /** Starts the decode loop if it is not running (new work, a new context, a resume). */
+  kick(): void {
+    void this.#run();
+  }
+
+  /** Ends every running request with `err`; queued requests stay queued. */
+  endRunning(err: Error): void {
+    for (const job of this.#slots) if (job) job.failure = err;
+    this.kick();
+  }
+
+  /** Runs `fn` between decode steps (KV sequence operations must not race a decode). */
+  exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.#tasks.push(() => fn().then(resolve, reject));
+      this.kick();
+    });
+  }
+
+  /** Called with the busy slot count each time a slot is taken or freed. */
+  onSlotsChanged(listener: (busy: number) => void): void {
+    this.#slotListeners.push(listener);
+  }
+
+  #slotsChanged(): void {
+    const busy = this.busy;
+    for (const l of this.#slotListeners) l(busy);
+  }
+
+  /** Queues a generation (the caller checked that a model is ready); see `Engine.submit`. */
+  submit(prompt: Int32Array, params: GenerationParams, options: SubmitOptions): Promise<GenerationResult> {
+    if (prompt.length === 0) throw new HydraError('HYDRA_ERR_BAD_REQUEST', 'the prompt is empty');
+    if (prompt.length >= this.#nCtxSeq) {
+      throw new HydraError(
+        'HYDRA_ERR_PROMPT_TOO_LONG',
+        `the prompt has ${prompt.length} tokens; a slot holds ${this.#nCtxSeq} (n_ctx / n_parallel)`,
+      );
+    }
+    if (
+      options.slot !== undefined &&
+      (!Number.isInteger(options.slot) || options.slot < 0 || options.slot >= this.#slots.length)
+    ) {
+      throw new HydraError(
+        'HYDRA_ERR_BAD_VALUE',
+        `slot_id must be an integer in 0..${this.#slots.length - 1}`,
+        {
+          keys: ['slot_id'],
+        },
+      );
+    }
+    const freeSlot = this.#held === 0 && this.#slots.some((s) => !s);
+    if (!freeSlot && this.#queue.length >= this.#maxQueue) {
+      this.#counters.rejectedQueueFull += 1;
+      throw new HydraError(
+        'HYDRA_ERR_QUEUE_FULL',
+        `all ${this.#slots.length} slots busy and ${this.#queue.length} requests queued`,
+      );
+    }
+    return new Promise<GenerationResult>((resolve, reject) => {
+      const job: Job = {
+        prompt,
+        params,
+        onText: options.onText,
+        signal: options.signal,
+        epoch: this.#epoch(),
+        slotId: options.slot,
+        cachePrompt: options.cachePrompt === true,
+        reuse: 0,
+        failure: undefined,
+        resolve,
+        reject,
+        slot: -1,
+        sampler: undefined,
+        promptFed: false,
+        pos: 0,
+        last: -1,
+        generated: [],
+        output: new TextOutput(params.stop),
+        maxTokens: Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length)),
+      };
+      if (options.signal) {
+        options.signal.addEventListener(
+          'abort',
+          () => {
+            const at = this.#queue.indexOf(job);
+            if (at >= 0) {
+              this.#queue.splice(at, 1);
+              this.#finish(job, 'cancelled');
+            }
+          },
+          { once: true },
+        );
+      }
+      this.#queue.push(job);
+      this.kick();
+    });
+  }
+
+  /** A free slot for `job`: its own when pinned, else an empty one first, else any. */
+  #slotFor(job: Job): number {
+    if (job.slotId !== undefined) return this.#slots[job.slotId] ? -1 : job.slotId;
+    let any = -1;
+    for (let i = 0; i < this.#slots.length; i++) {
+      if (this.#slots[i]) continue;
+      if ((this.#cache[i]?.length ?? 0) === 0) return i;
+      if (any < 0) any = i;
+    }
+    return any;
+  }
+
+  #admit(): void {
+    if (this.#held > 0) return;
+    const model = this.#model!;
+    const ctx = this.#ctx!;
+    let changed = false;
+    for (let q = 0; q < this.#queue.length; q++) {
+      const job = this.#queue[q]!;
+      const i = this.#slotFor(job);
+      if (i < 0) continue;
+      this.#queue.splice(q--, 1);
+      if (job.maxTokens === 0) {
+        this.#finish(job, 'length');
+        continue;
+      }
+      const cached = this.#cache[i] ?? new Int32Array(0);
+      let reuse = 0;
+      if (job.cachePrompt) {
+        const limit = Math.min(cached.length, job.prompt.length - 1);
+        while (reuse < limit && cached[reuse] === job.prompt[reuse]) reuse++;
+      }
+      ctx.removeSequence(i, reuse, -1);
+      this.#cache[i] = cached.subarray(0, reuse);
+      job.reuse = reuse;
+      job.slot = i;
+      // The configuration that serves it is the one in force at admission, not at submission.
+      job.epoch = this.#epoch();
+      changed = true;
+      job.sampler = model.createSampler(job.params.sampler);
+      if (
+        (job.params.sampler.penaltyRepeat ?? 1) !== 1 ||
+        job.params.sampler.penaltyFreq ||
+        job.params.sampler.penaltyPresent
+      ) {
+        job.sampler.accept(job.prompt);
+      }
+      this.#slots[i] = job;
+    }
+    if (changed) this.#slotsChanged();
+  }
+
+  async #run(): Promise<void> {
+    if (this.#running) return;
+    this.#running = true;
+    const gen = this.#gen;
+    // A step already queued behind the current one (see #chain); it becomes the next current step.
+    let ahead: Step | undefined;
+    try {
+      for (;;) {
+        let step: Step;
+        if (ahead) {
+          step = ahead;
+          ahead = undefined;
+        } else {
+          while (this.#tasks.length > 0) {
+            await this.#tasks.shift()!();
+            if (gen !== this.#gen) return;
+          }
+          if (!this.#ctx) break;
+          this.#admit();
+          const jobs: Job[] = [];
+          const entries: DecodeEntry[] = [];
+          for (const job of this.#slots) {
+            if (!job) continue;
+            if (job.failure) {
+              this.#release(job, job.failure);
+              continue;
+            }
+            if (job.signal?.aborted) {
+              this.#release(job, 'cancelled');
+              continue;
+            }
+            jobs.push(job);
+            entries.push(
+              job.promptFed
+                ? { seq: job.slot, pos: job.pos, tokens: [job.last], sampler: job.sampler! }
+                : {
+                    seq: job.slot,
+                    pos: job.reuse,
+                    tokens: job.prompt.subarray(job.reuse),
+                    sampler: job.sampler!,
+                  },
+            );
+          }
+          if (entries.length === 0) {
+            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
+            continue;
+          }
+          step = this.#decode(this.#ctx, jobs, entries);
+        }
+        ahead = this.#chain(step);
+        let out: { tokens: Int32Array };
+        // A step queued ahead starts on the device when the one before it ends.
+        const started = Math.max(step.queuedAt, this.#lastStepEnd);
+        this.#decodeSince = started;
+        try {
+          out = await step.result;
+        } catch (err) {
+          if (gen !== this.#gen) return;
+          this.#decodeSince = undefined;
+          const failure = new HydraError(
+            'HYDRA_ERR_DECODE_FAILED',
+            `decode failed: ${(err as Error).message}`,
+            {
+              cause: err,
+            },
+          );
+          for (const job of step.jobs) if (this.#slots[job.slot] === job) this.#release(job, failure);
+          // The step queued behind it follows tokens that were never sampled: it fails too.
+          if (ahead) await ahead.result.catch(() => undefined);
+          ahead = undefined;
+          continue;
+        }
+        if (gen !== this.#gen) return;
+        const t1 = performance.now();
+        this.#decodeSince = ahead ? t1 : undefined;
+        this.#counters.decodeSteps += 1;
+        this.#counters.decodeSeconds += (t1 - started) / 1000;
+        this.#lastStepEnd = t1;
+        let served = 0;
+        for (let i = 0; i < step.jobs.length; i++) {
+          const job = step.jobs[i]!;
+          // A job that ended at the step before (stop, EOS) still had an entry in this one: dropped.
+          if (this.#slots[job.slot] !== job) {
+            this.#counters.decodeEntriesWasted += 1;
+            continue;
+          }
+          served += 1;
+          if (job.failure) this.#release(job, job.failure);
+          else this.#advance(job, out.tokens[i]!);
+        }
+        this.#rate.push({ at: t1, tokens: served });
+      }
+    } finally {
+      if (gen === this.#gen) {
+        this.#running = false;
+        if (this.#slots.every((s) => !s)) for (const w of this.#idleWaiters.splice(0)) w();
+      }
+    }
+  }
+
+  #decode(ctx: Context, jobs: Job[], entries: DecodeEntry[]): Step {
+    this.#stepsInFlight += 1;
+    const gen = this.#gen;
+    const result = ctx.decode(entries);
+    const settled = (): void => {
+      // A step parked on a lost peer never settles; abandon() starts the count again.
+      if (gen !== this.#gen) return;
+      this.#stepsInFlight -= 1;
+      if (this.#stepsInFlight === 0) for (const cleanup of this.#afterSteps.splice(0)) cleanup();
+    };
+    result.then(settled, settled);
+    return { jobs, result, queuedAt: performance.now() };
+  }
+
+  /**
+   * Queues the next step before `step` ends when its make-up is already known: every job goes on
+   * generating and nothing waits to be admitted or run between steps. Each entry feeds the token
+   * its sequence samples in `step` (`follow`), so the device starts the next step the moment the
+   * current one ends instead of waiting for the JS thread to see the result and answer. A job that
+   * stops early (EOS, a stop string, a cancel) wastes that one entry; its KV position is dropped.
+   */
+  #chain(step: Step): Step | undefined {
+    if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0) return undefined;
+    if (this.#queue.length > 0 && this.#held === 0 && this.#slots.some((s) => !s)) return undefined;
+    let active = 0;
+    for (const s of this.#slots) if (s) active += 1;
+    if (active !== step.jobs.length) return undefined;
+    const entries: DecodeEntry[] = [];
+    for (const job of step.jobs) {
+      if (this.#slots[job.slot] !== job || job.failure || job.signal?.aborted || !job.sampler)
+        return undefined;
+      // Tokens generated once `step` ends: one more than now.
+      if (job.generated.length + 1 >= job.maxTokens) return undefined;
+      const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
+      if (pos >= this.#nCtxSeq) return undefined;
+      entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler });
+    }
+    this.#counters.decodeStepsAhead += 1;
+    return this.#decode(this.#ctx, step.jobs, entries);
+  }
+
+  #advance(job: Job, token: number): void {
+    if (!job.promptFed) {
+      job.promptFed = true;
+      job.pos = job.prompt.length;
+      this.#counters.promptTokens += job.prompt.length - job.reuse;
+    } else {
+      job.pos += 1;
+    }
+    if (job.signal?.aborted) {
+      this.#release(job, 'cancelled');
+      return;
+    }
+    const model = this.#model!;
+    if (!job.params.ignoreEos && model.isEndOfGeneration(token)) {
+      this.#send(job, job.output.end());
+      this.#release(job, 'stop');
+      return;
+    }
+    job.generated.push(token);
+    job.last = token;
+    this.#counters.generatedTokens += 1;
+    this.#send(job, job.output.push(model.tokenBytes(token)));
+    if (job.output.stopped) {
+      this.#release(job, 'stop');
+      return;
+    }
+    if (job.generated.length >= job.maxTokens) {
+      this.#send(job, job.output.end());
+      this.#release(job, 'length');
+    }
+  }
+
+  #send(job: Job, text: string): void {
+    if (text.length > 0) job.onText?.(text);
+  }
+
+  #release(job: Job, outcome: FinishReason | Error): void {
+    if (job.slot >= 0 && this.#slots[job.slot] === job) {
+      this.#slots[job.slot] = undefined;
+      if (job.cachePrompt && !(outcome instanceof Error) && outcome !== 'cancelled' && job.promptFed) {
+        // The KV holds the prompt and every generated token fed back (all but the last sampled).
+        const fed = job.generated.slice(0, job.pos - job.prompt.length);
+        const held = new Int32Array(job.prompt.length + fed.length);
+        held.set(job.prompt);
+        held.set(fed, job.prompt.length);
+        this.#cache[job.slot] = held;
+      } else {
+        const ctx = this.#ctx;
+        const slot = job.slot;
+        this.#afterStep(() => ctx?.removeSequence(slot));
+        this.#cache[job.slot] = new Int32Array(0);
+      }
+      this.#slotsChanged();
+    }
+    const sampler = job.sampler;
+    job.sampler = undefined;
+    this.#afterStep(() => sampler?.dispose());
+    if (outcome instanceof Error) {
+      this.#counters.requests.error += 1;
+      job.reject(outcome);
+    } else {
+      this.#finish(job, outcome);
+    }
+  }
+
+  /**
+   * Runs `cleanup` now, or once no decode step is queued: a step queued ahead may still read this
+   * slot's KV and sampler (see #chain). Cleanups of a context that was replaced meanwhile are moot.
+   */
+  #afterStep(cleanup: () => void): void {
+    const run = (): void => {
+      try {
+        cleanup();
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'HYDRA_ERR_DISPOSED') throw err;
+      }
+    };
+    if (this.#stepsInFlight > 0) this.#afterSteps.push(run);
+    else run();
+  }
+
+  #finish(job: Job, reason: FinishReason): void {
+    this.#counters.requests[reason] += 1;
+    job.resolve({
+      text: job.output.text,
+      cachedTokens: job.reuse,
+      tokens: job.generated,
+      finishReason: reason,
+      promptTokens: job.prompt.length,
+      completionTokens: job.generated.length,
+      epoch: job.epoch,
+    });
+  }
+
+  #idleSlot(slot: number): Context {
+    const ctx = this.#ctx;
+    if (!this.#model || !ctx) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded');
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.#slots.length) {
+      throw new HydraError('HYDRA_ERR_BAD_VALUE', `slot must be an integer in 0..${this.#slots.length - 1}`, {
+        keys: ['slot'],
+      });
+    }
+    if (this.#slots[slot]) throw new HydraError('HYDRA_ERR_SLOT_BUSY', `slot ${slot} is running a request`);
+    return ctx;
+  }
+
+  /** See `Engine.getSlotState`. */
+  getSlotState(slot: number): Promise<Buffer> {
+    return this.exclusive(async () => {
+      const ctx = this.#idleSlot(slot);
+      const tokens = this.#cache[slot] ?? new Int32Array(0);
+      return encodeSlotState(tokens, await ctx.getSequenceState(slot));
+    });
+  }
+
+  /** See `Engine.setSlotState`. */
+  setSlotState(slot: number, data: Uint8Array): Promise<void> {
+    return this.exclusive(async () => {
+      const ctx = this.#idleSlot(slot);
+      const { tokens, kv } = decodeSlotState(data, {
+        nVocab: this.#model!.info.nVocab,
+        nCtxSeq: this.#nCtxSeq,
+      });
+      ctx.removeSequence(slot);
+      this.#cache[slot] = new Int32Array(0);
+      const read = await ctx.setSequenceState(slot, kv);
+      const bad = (why: string) => new HydraError('HYDRA_ERR_STATE_INVALID', `slot state rejected: ${why}`);
+      if (read === 0 && kv.length > 0) throw bad('llama.cpp did not accept the KV bytes');
+      if (ctx.sequenceEnd(slot) !== tokens.length - 1) {
+        ctx.removeSequence(slot);
+        throw bad(`the KV holds ${ctx.sequenceEnd(slot) + 1} positions, the token list ${tokens.length}`);
+      }
+      this.#cache[slot] = tokens;
+    });
+  }
+}

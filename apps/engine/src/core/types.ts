@@ -1,0 +1,85 @@
+import type { SamplerParams } from '@hydra-engine/native-ggml';
+
+/** Lifecycle states, as `/health` and Hydra STATUS report them. */
+export type EngineState = 'empty' | 'loading' | 'ready' | 'draining' | 'error';
+
+export type FinishReason = 'stop' | 'length' | 'cancelled';
+
+/** Per-request (T1) settings of one generation, already validated. */
+export interface GenerationParams {
+  /** Upper bound on generated tokens; clipped to the room left in the slot's context. */
+  maxTokens: number;
+  stop: string[];
+  sampler: SamplerParams;
+  ignoreEos: boolean;
+}
+
+export interface GenerationResult {
+  text: string;
+  /** Prompt tokens whose KV came from the slot's cache (`cachePrompt`). */
+  cachedTokens: number;
+  tokens: number[];
+  finishReason: FinishReason;
+  promptTokens: number;
+  completionTokens: number;
+  /** The configuration epoch that served the request. */
+  epoch: number;
+}
+
+export interface SubmitOptions {
+  /** Text as it becomes final (stop strings are never split across or leaked into it). */
+  onText?: (text: string) => void;
+  /** Aborting frees the slot at the next step; the promise resolves with `finishReason: 'cancelled'`. */
+  signal?: AbortSignal;
+  /** Run in this slot (waits for it); default: any free slot. */
+  slot?: number;
+  /**
+   * Keep the slot's KV after the request and reuse the longest common token prefix of the slot's
+   * cache for this prompt (llama.cpp server's `cache_prompt`); see `Engine.getSlotState`.
+   */
+  cachePrompt?: boolean;
+}
+
+/** Expert placement of an MoE model (protocol.md SET_EXPERT_MODE). */
+export type ExpertMode = 'solo' | 'combined';
+
+/** Counters for `/metrics`. */
+export interface EngineCounters {
+  promptTokens: number;
+  generatedTokens: number;
+  requests: Record<FinishReason | 'error', number>;
+  decodeSteps: number;
+  /** Steps queued before the previous one ended (the pipelined loop). */
+  decodeStepsAhead: number;
+  /** Entries of steps queued ahead that were dropped: their request had ended meanwhile. */
+  decodeEntriesWasted: number;
+  decodeSeconds: number;
+  loadSeconds: number;
+  rejectedQueueFull: number;
+}
+
+/** Why and since when the engine serves less than it was configured for (a lost peer). */
+export interface Degraded {
+  reason: string;
+  since: string;
+  peers: string[];
+}
+
+export interface Logger {
+  info(msg: string): void;
+  warn(msg: string): void;
+}
+
+export function newCounters(): EngineCounters {
+  return {
+    promptTokens: 0,
+    generatedTokens: 0,
+    requests: { stop: 0, length: 0, cancelled: 0, error: 0 },
+    decodeSteps: 0,
+    decodeStepsAhead: 0,
+    decodeEntriesWasted: 0,
+    decodeSeconds: 0,
+    loadSeconds: 0,
+    rejectedQueueFull: 0,
+  };
+}
