@@ -1,5 +1,6 @@
 // The dashboard page script (plain browser JS, inlined by build.mjs). Draws one uPlot chart per
-// figure name: the figure's median over runs, its anchor's median, and its limit as a flat line.
+// figure name: the figure's median over runs, its anchor's median, and its limit as a flat line; then
+// one chart per sweep family (figures with `sweep`) of its latest run: median and anchor against x.
 // When done it records, for each canvas, how many pixels were drawn (data-drawn on <body>): the
 // headless test reads that to know the charts really drew.
 (() => {
@@ -145,6 +146,83 @@
     return new uPlot(opts, data, box);
   }
 
+  // Sweeps: for each figure family of the latest run that has it, the figure and its anchor against
+  // the swept value (the prefill budget's trade-off: budget -> max gap, budget -> TTFT).
+  const families = new Map();
+  results.forEach((r, run) => {
+    for (const f of r.figures) {
+      if (!f.sweep) continue;
+      const key = `${r.suite} :: ${f.sweep.family}`;
+      const g = families.get(key);
+      if (!g || g.run < run) families.set(key, { suite: r.suite, sweep: f.sweep, run, figures: [f] });
+      else if (g.run === run) g.figures.push(f);
+    }
+  });
+  const sweeps = [];
+  if (families.size > 0) {
+    const h2 = document.createElement('h2');
+    h2.textContent = 'sweeps (latest run of each)';
+    charts.appendChild(h2);
+    for (const g of families.values()) sweeps.push(drawSweep(charts, g));
+  }
+
+  function drawSweep(parent, g) {
+    const box = document.createElement('div');
+    box.className = 'chart sweep';
+    const title = document.createElement('h3');
+    title.textContent = `${g.suite}: ${g.sweep.family}`;
+    const points = [...g.figures].sort((a, b) => a.sweep.value - b.sweep.value);
+    const unit = points[0].unit;
+    const anchorName = points.find((f) => f.anchor)?.anchor.name;
+    const meta = document.createElement('div');
+    meta.className = 'meta';
+    meta.textContent = `run ${g.run} (${label(g.run)}); x: ${g.sweep.key}; ${points
+      .map(
+        (f) =>
+          `${f.sweep.value}: ${f.median.toPrecision(3)}${f.anchor ? ` / ${f.anchor.median.toPrecision(3)}` : ''}`,
+      )
+      .join(', ')} ${unit}${anchorName ? ` (figure / anchor: ${anchorName})` : ''}`;
+    box.appendChild(title);
+    box.appendChild(meta);
+    parent.appendChild(box);
+    const xs = points.map((f) => f.sweep.value);
+    const log = xs[0] > 0 && xs[xs.length - 1] / xs[0] >= 8;
+    const series = [
+      { label: g.sweep.key },
+      {
+        label: `median (${unit})`,
+        stroke: '#1f6fd1',
+        width: 2,
+        points: { show: true, size: 8, fill: '#1f6fd1' },
+      },
+    ];
+    const data = [xs, points.map((f) => f.median)];
+    if (anchorName) {
+      series.push({
+        label: 'anchor',
+        stroke: '#e07b00',
+        width: 2,
+        dash: [6, 4],
+        points: { show: true, size: 7, fill: '#e07b00' },
+      });
+      data.push(points.map((f) => (f.anchor ? f.anchor.median : null)));
+    }
+    const opts = {
+      width: 560,
+      height: 240,
+      series,
+      scales: {
+        x: log ? { time: false, distr: 3, log: 2 } : { time: false },
+        y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
+      },
+      axes: [
+        { splits: () => xs, label: g.sweep.key, size: 50 },
+        { label: unit, size: 70 },
+      ],
+    };
+    return new uPlot(opts, data, box);
+  }
+
   function label(run) {
     const r = runs[run];
     return r ? `${r.commit.slice(0, 7)}` : '';
@@ -161,6 +239,7 @@
         counts.push(n);
       }
       document.body.setAttribute('data-charts', String(plots.length));
+      document.body.setAttribute('data-sweeps', String(sweeps.length));
       document.body.setAttribute('data-drawn', JSON.stringify(counts));
     }),
   );

@@ -21,5 +21,6 @@ export {
   normalizeResult,
   SCHEMA_VERSION,
   type Skipped,
+  type Sweep,
   summarize,
 } from './schema.js';

@@ -38,6 +38,17 @@ export interface Limit {
   value: number;
 }
 
+/**
+ * Where a figure sits in a parameter sweep of one run (e.g. the prefill budget): the dashboard draws
+ * the figures of one `family` of the latest run against `value`.
+ */
+export interface Sweep {
+  family: string;
+  /** The swept parameter, as the x axis names it: `budget (n_batch)`. */
+  key: string;
+  value: number;
+}
+
 /** One measured quantity. */
 export interface Figure {
   name: string;
@@ -52,6 +63,7 @@ export interface Figure {
   /** Whether a larger value is better; derived from the unit when a file does not say. */
   better: 'higher' | 'lower';
   limit?: Limit;
+  sweep?: Sweep;
 }
 
 /** A figure that could not be measured in this run, and why (not implemented, tool missing, ...). */
@@ -105,6 +117,7 @@ export function makeFigure(input: {
   anchor?: { name: string; unit?: string; samples: readonly number[] } | Anchor | null;
   better?: 'higher' | 'lower';
   limit?: Limit;
+  sweep?: Sweep;
 }): Figure {
   const s = summarize(input.samples);
   let anchor: Anchor | null = null;
@@ -132,6 +145,7 @@ export function makeFigure(input: {
     better: input.better ?? betterFor(input.unit),
   };
   if (input.limit) figure.limit = input.limit;
+  if (input.sweep) figure.sweep = input.sweep;
   return figure;
 }
 
@@ -209,6 +223,15 @@ function normalizeFigure(where: string, raw: unknown): Figure {
       name: need(`${where}.limit.name`, l.name, str, 'a string'),
       unit: need(`${where}.limit.unit`, l.unit, str, 'a string'),
       value: need(`${where}.limit.value`, l.value, num, 'a finite number'),
+    };
+  }
+  if (raw.sweep !== undefined) {
+    const w = raw.sweep;
+    if (!isObj(w)) throw bad(`${where}.sweep`, 'must be an object');
+    figure.sweep = {
+      family: need(`${where}.sweep.family`, w.family, str, 'a string'),
+      key: need(`${where}.sweep.key`, w.key, str, 'a string'),
+      value: need(`${where}.sweep.value`, w.value, num, 'a finite number'),
     };
   }
   return figure;

@@ -71,6 +71,24 @@ describe('dashboard', () => {
       });
       writeResult(newResult('gpu', [fig], [], undefined, new Date(day)), results);
     }
+    // Two runs of a budget sweep: the page must draw the later one's points (64, 256, 1024).
+    for (const [day, budgets] of [
+      ['2026-11-03T10:00:00Z', [64, 128]],
+      ['2026-11-04T10:00:00Z', [64, 256, 1024]],
+    ] as const) {
+      const sweepFigs = budgets.flatMap((b) =>
+        ['max gap', 'TTFT'].map((family) =>
+          makeFigure({
+            name: `stall ${family}, budget ${b}`,
+            unit: 'ms',
+            samples: [family === 'TTFT' ? 400 + 4000 / b : b / 4],
+            anchor: { name: 'llama-server', unit: 'ms', samples: [family === 'TTFT' ? 1000 : 200] },
+            sweep: { family: `stall ${family}`, key: 'budget (n_batch)', value: b },
+          }),
+        ),
+      );
+      writeResult(newResult('serving', sweepFigs, [], undefined, new Date(day)), results);
+    }
     execFileSync(
       process.execPath,
       [join(pkg, 'dashboard', 'build.mjs'), '--results', results, '--out', out],
@@ -110,6 +128,12 @@ describe('dashboard', () => {
     expect(charts).toBe(keys.size);
     expect(drawn.length).toBeGreaterThanOrEqual(charts);
     for (const n of drawn) expect(n).toBeGreaterThan(1000);
+    // One sweep chart per family, from the latest run that has it.
+    expect(/data-sweeps="(\d+)"/.exec(dom)?.[1]).toBe('2');
+    expect(drawn.length).toBe(charts + 2);
+    expect(dom).toContain('serving: stall max gap');
+    expect(dom).toContain('1024: 256 / 200');
+    expect(dom).not.toContain('128: 32');
   }, 90_000);
 
   it('is not fooled by an empty page: no results, no charts', () => {

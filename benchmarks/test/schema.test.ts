@@ -68,6 +68,21 @@ describe('normalizeResult', () => {
     expect(normalizeResult(JSON.parse(JSON.stringify(raw))).figures[0]).toEqual(fig);
   });
 
+  it('keeps the sweep position of a figure through makeFigure and normalizeResult', () => {
+    const sweep = { family: 'stall: max gap', key: 'budget (n_batch)', value: 256 };
+    const fig = makeFigure({ name: 'g', unit: 'ms', samples: [5], sweep });
+    expect(fig.sweep).toEqual(sweep);
+    const raw = {
+      suite: 's',
+      commit: 'c',
+      date: '2026-11-29T00:00:00Z',
+      machine: { cpu: 'c', cores: 1, node: 'v20' },
+      figures: [fig],
+    };
+    expect(normalizeResult(JSON.parse(JSON.stringify(raw))).figures[0]!.sweep).toEqual(sweep);
+    expect(makeFigure({ name: 'h', unit: 'ms', samples: [5] })).not.toHaveProperty('sweep');
+  });
+
   it.each([
     ['not an object', []],
     ['no suite', { commit: 'c', date: '2026-01-01', machine: {}, figures: [] }],
@@ -106,6 +121,18 @@ describe('normalizeResult', () => {
         figures: [{ name: 'f', unit: 'ms', samples: 1, median: 1, p99: 1, mean: 1, anchor: { name: 'a' } }],
       },
     ],
+    ...(['a string', { family: 'f', key: 'k' }, { family: 'f', key: 'k', value: 'x' }] as const).map(
+      (sweep) => [
+        `sweep ${JSON.stringify(sweep)}`,
+        {
+          suite: 's',
+          commit: 'c',
+          date: '2026-01-01',
+          machine: { cpu: 'c', cores: 1, node: 'v' },
+          figures: [{ name: 'f', unit: 'ms', samples: 1, median: 1, p99: 1, mean: 1, sweep }],
+        },
+      ],
+    ),
   ])('rejects %s with HYDRA_ERR_BAD_RESULT', (_what, raw) => {
     expect(codeOf(() => normalizeResult(raw))).toBe('HYDRA_ERR_BAD_RESULT');
   });
