@@ -29,6 +29,7 @@ export {
   type ReadGgufOptions,
   readGguf,
 } from './gguf/reader.js';
+export { checkHparams, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS } from './model-checks.js';
 export {
   type LayerFacts,
   type LayerKind,
@@ -39,6 +40,9 @@ export {
 } from './model-facts.js';
 export {
   type BindingConstraint,
+  type ContextFitOptions,
+  type ContextShortfall,
+  contextFit,
   type DevicePlan,
   type KvPlacement,
   type MaxFraction,

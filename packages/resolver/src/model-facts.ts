@@ -1,5 +1,6 @@
 import { fail } from './errors.js';
 import type { GgufFile, GgufValue } from './gguf/reader.js';
+import { checkHparams } from './model-checks.js';
 
 /** Mixture-of-experts or dense: the one model property the COMBINE table branches on. */
 export type ModelClass = 'moe' | 'dense';
@@ -32,6 +33,8 @@ export interface ModelFacts {
   /** Whether the main context keeps KV for the nextn layers (llama.cpp filters them out for some archs). */
   readonly nextnHasKv: boolean;
   readonly nEmbd: number;
+  /** `<arch>.context_length` (llama.cpp n_ctx_train; 0 when absent): what `n_ctx` 0 means. */
+  readonly nCtxTrain: number;
   readonly nVocab: number;
   readonly nFfMax: number;
   /** Sliding window size (0 without SWA layers). */
@@ -80,9 +83,11 @@ const SWA_PATTERN_DEFAULTS: Record<string, number> = { gemma2: 2, gemma3: 6, coh
 
 /**
  * Reads the {@link ModelFacts} of a parsed GGUF. Throws HYDRA_ERR_MODEL_METADATA when a key the
- * planner needs (architecture, block_count, embedding_length) is missing or malformed.
+ * planner needs (architecture, block_count, embedding_length) is missing or malformed, or when
+ * {@link checkHparams} refuses the file (before any per-layer array is sized by block_count).
  */
 export function modelFactsFromGguf(gguf: GgufFile): ModelFacts {
+  checkHparams(gguf);
   const warnings: string[] = [];
   const arch = gguf.get('general.architecture');
   if (typeof arch !== 'string' || arch === '') {
@@ -111,6 +116,7 @@ export function modelFactsFromGguf(gguf: GgufFile): ModelFacts {
   }
   const nLayer = nLayerAll - nLayerNextn;
   const nEmbd = uint('embedding_length');
+  const nCtxTrain = uint('context_length', 0);
   const nExpert = uint('expert_count', 0);
   const perLayer = (k: string, fallback: readonly number[] | number): number[] =>
     perLayerArray(gguf.get(key(k)), nLayerAll, key(k), fallback);
@@ -200,6 +206,7 @@ export function modelFactsFromGguf(gguf: GgufFile): ModelFacts {
     nLayerNextn,
     nextnHasKv: !HYBRID_ARCHS.has(arch) && !RECURRENT_ARCHS.has(arch) && !NEXTN_NO_KV_ARCHS.has(arch),
     nEmbd,
+    nCtxTrain,
     nVocab,
     nFfMax: Math.max(0, ...nFf),
     nSwa,

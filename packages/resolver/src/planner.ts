@@ -462,3 +462,68 @@ function tidy(facts: ModelFacts, r: Resolved, m: MaxFraction, d: number): MaxFra
 function countOf(p: DevicePlan): number {
   return (p.layers?.count ?? 0) + (p.output ? 1 : 0);
 }
+
+/** Inputs of {@link contextFit}. */
+export interface ContextFitOptions {
+  /** The context to build (its devices carry their free memory now). */
+  readonly next: SplitPlanOptions;
+  /**
+   * The context in force on the same model and devices, freed before the new one is built: what it
+   * holds counts as free. Omit when nothing is freed first.
+   */
+  readonly current?: SplitPlanOptions;
+  /** The model of `current` when it is not the one planned (a reload); default the same. */
+  readonly currentFacts?: ModelFacts;
+  /** n_batch: llama.cpp caps it at n_ctx; its batch buffers go to host memory. Default 2048. */
+  readonly nBatch?: number;
+  /** Host memory available to the context (KV of layers kept on the host, batch buffers). */
+  readonly hostFreeBytes: number;
+}
+
+/** A device (or `host`) that cannot hold a planned context, as {@link contextFit} reports it. */
+export interface ContextShortfall {
+  readonly device: string;
+  /** Context bytes the device would have to find (KV, recurrent state, compute, margin). */
+  readonly needBytes: number;
+  readonly freeBytes: number;
+}
+
+// llama_batch_init: token, pos, n_seq_id, seq_id pointer, one seq_id and logits flag per entry.
+const BATCH_BYTES_PER_TOKEN = 4 + 4 + 4 + 8 + 4 + 1;
+
+/**
+ * Whether a context (KV cache, recurrent state, compute buffers, batch) fits the memory left,
+ * computed with {@link planSplit} before anything is allocated; null when it fits, else the first
+ * device short of memory. Bytes the current context holds are counted as free, since a rebuild
+ * frees it first. Bad options throw HYDRA_ERR_BAD_VALUE as planSplit's do.
+ */
+export function contextFit(facts: ModelFacts, options: ContextFitOptions): ContextShortfall | null {
+  const { next, current } = options;
+  if (!Number.isSafeInteger(options.hostFreeBytes) || options.hostFreeBytes < 0) {
+    fail('HYDRA_ERR_BAD_VALUE', 'options.hostFreeBytes must be a non-negative integer', {
+      keys: ['hostFreeBytes'],
+    });
+  }
+  const nBatch = options.nBatch ?? 2048;
+  if (!Number.isSafeInteger(nBatch) || nBatch <= 0) {
+    fail('HYDRA_ERR_BAD_VALUE', 'options.nBatch must be a positive integer', { keys: ['nBatch'] });
+  }
+  const contextOf = (p: SplitPlan) => ({
+    devices: p.devices.map((d) => d.kvBytes + d.recurrentBytes + d.computeBytes),
+    host: p.host.kvBytes,
+  });
+  const want = planSplit(facts, next);
+  const held = current ? contextOf(planSplit(options.currentFacts ?? facts, current)) : undefined;
+  const need = contextOf(want);
+  for (let i = 0; i < want.devices.length; i++) {
+    const d = want.devices[i] as DevicePlan;
+    const bytes = (need.devices[i] as number) + d.marginBytes;
+    const free = d.freeBytes + (held?.devices[i] ?? 0);
+    if (bytes > free) return { device: d.name, needBytes: bytes, freeBytes: free };
+  }
+  const batch = Math.min(nBatch, pad(next.nCtx, 256)) * BATCH_BYTES_PER_TOKEN;
+  const hostNeed = need.host + batch;
+  const hostFree = options.hostFreeBytes + (held?.host ?? 0);
+  if (hostNeed > hostFree) return { device: 'host', needBytes: hostNeed, freeBytes: hostFree };
+  return null;
+}
