@@ -1,6 +1,7 @@
 // The native half of the merged port: peek the first byte of a connection without consuming it,
 // take a connection over from Node (dup), and serve one ggml-RPC session on it.
 #include "hydra_common.h"
+#include "hydra_rpc_guard.h"
 
 #include "ggml-rpc.h"
 
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <linux/tcp.h>  // struct tcp_info with byte counters (glibc's copy lacks them)
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -265,12 +267,101 @@ struct serve_backends {
 static thread_local serve_backends t_serve_backends;
 thread_local bool t_rpc_serving = false;
 
-// serveRpcFd(fd, {devices?, threads?, cacheDir?}, stats?: BigUint64Array(3)) -> session summary.
-// Blocks until the client leaves: call it from a worker thread only. Takes ownership of fd.
+// Upstream's half of a guarded session: serve_fd on our end of the socketpair, in a thread of its
+// own with a stack that the guard's depth bound keeps far from full.
+struct upstream_session {
+    int fd;
+    const char * cache_dir;
+    std::vector<ggml_backend_t> * backends;
+    ggml_backend_rpc_serve_stats * stats;
+    bool ok = false;
+    std::string error;
+};
+
+static void * upstream_session_main(void * arg) {
+    auto * s = static_cast<upstream_session *>(arg);
+    t_rpc_serving = true;
+    try {
+        s->ok = ggml_backend_rpc_serve_fd(s->fd, s->cache_dir, s->backends->size(), s->backends->data(), s->stats,
+                                          hydra_weights_resolve, nullptr);
+    } catch (const std::exception & e) {
+        // An upstream assert or an uncaught std exception on input the guard let through: the
+        // session unwound and its socket closed.
+        s->ok = true;
+        s->error = e.what();
+        fprintf(stderr, "hydra: ended a ggml-RPC session on bad input: %s\n", e.what());
+    }
+    t_rpc_serving = false;
+    return nullptr;
+}
+
+static const char * const k_limit_keys[] = {"maxAllocBytes", "maxMessageBytes", "maxGraphNodes", "maxGraphTensors",
+                                            "maxGraphDepth", "maxBuffers", "helloTimeoutMs", "stallTimeoutMs",
+                                            "idleTimeoutMs"};
+
+// A limit option: absent keeps the default; otherwise a positive integer (idleTimeoutMs may be 0:
+// never), anything else is refused by name.
+static bool read_limit(Napi::Env env, Napi::Object opts, const char * key, uint64_t max, uint64_t & out, std::string & err) {
+    Napi::Value v = opts.Get(key);
+    if (v.IsUndefined()) {
+        return true;
+    }
+    double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+    bool zero_ok = strcmp(key, "idleTimeoutMs") == 0;
+    if (!v.IsNumber() || d != (double) (uint64_t) d || d < (zero_ok ? 0 : 1) || d > (double) max) {
+        err = std::string("options.") + key + " must be a " + (zero_ok ? "non-negative" : "positive") + " integer";
+        return false;
+    }
+    out = (uint64_t) d;
+    (void) env;
+    return true;
+}
+
+static bool read_limits(Napi::Env env, Napi::Object opts, hydra_rpc_limits & L, std::string & err) {
+    Napi::Array keys = opts.GetPropertyNames();
+    for (uint32_t i = 0; i < keys.Length(); i++) {
+        std::string k = keys.Get(i).ToString().Utf8Value();
+        bool known = k == "devices" || k == "threads" || k == "cacheDir";
+        for (const char * lk : k_limit_keys) {
+            known |= k == lk;
+        }
+        if (!known) {
+            err = "options." + k + " is not a serveRpcFd option";
+            return false;
+        }
+    }
+    uint64_t v;
+    const uint64_t u32max = UINT32_MAX, ms_max = INT32_MAX;
+#define LIMIT(key, field, max) \
+    v = L.field;               \
+    if (!read_limit(env, opts, key, max, v, err)) return false; \
+    L.field = (decltype(L.field)) v;
+    LIMIT("maxAllocBytes", max_alloc_bytes, (uint64_t) 1 << 53)
+    LIMIT("maxMessageBytes", max_message_bytes, (uint64_t) 1 << 40)
+    LIMIT("maxGraphNodes", max_graph_nodes, u32max)
+    LIMIT("maxGraphTensors", max_graph_tensors, u32max)
+    LIMIT("maxGraphDepth", max_graph_depth, u32max)
+    LIMIT("maxBuffers", max_buffers, u32max)
+    LIMIT("helloTimeoutMs", hello_timeout_ms, ms_max)
+    LIMIT("stallTimeoutMs", stall_timeout_ms, ms_max)
+    LIMIT("idleTimeoutMs", idle_timeout_ms, ms_max)
+#undef LIMIT
+    return true;
+}
+
+// serveRpcFd(fd, {devices?, threads?, cacheDir?, ...limits}, stats?: BigUint64Array(3)) -> session
+// summary. Blocks until the client leaves: call it from a worker thread only. Takes ownership of fd.
+// Every client message passes the guard (hydra_rpc_guard.cpp) before upstream reads it.
 static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     int fd = info[0].ToNumber().Int32Value();
     Napi::Object opts = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
+    hydra_rpc_limits limits;
+    std::string limit_error;
+    if (!read_limits(env, opts, limits, limit_error)) {
+        close(fd);
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, limit_error);
+    }
     std::vector<ggml_backend_dev_t> devices;
     Napi::Value names = opts.Get("devices");
     if (names.IsArray() && names.As<Napi::Array>().Length() > 0) {
@@ -301,37 +392,43 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
         // Often backed by a SharedArrayBuffer so the main thread reads the counters live.
         stats = reinterpret_cast<ggml_backend_rpc_serve_stats *>(info[2].As<Napi::BigUint64Array>().Data());
     }
-    // Kept to read the kernel's byte counters once the session (which closes fd) is over.
-    int watch_fd = dup(fd);
     auto started = std::chrono::steady_clock::now();
     bool prepared = t_serve_backends.prepare(devices, threads) && !t_serve_backends.backends.empty();
-    bool ok = false;
-    std::string session_error;
-    if (prepared) {
-        t_rpc_serving = true;
-        try {
-            ok = ggml_backend_rpc_serve_fd(fd, cache_dir.empty() ? nullptr : cache_dir.c_str(), t_serve_backends.backends.size(),
-                                           t_serve_backends.backends.data(), stats, hydra_weights_resolve, nullptr);
-        } catch (const std::exception & e) {
-            // An upstream assert or an uncaught std exception (e.g. length_error for an absurd
-            // size) on hostile input: the session unwound and its socket closed.
-            ok = true;
-            session_error = e.what();
-            fprintf(stderr, "hydra: ended a ggml-RPC session on bad input: %s\n", e.what());
-        }
-        t_rpc_serving = false;
+    int pair[2] = {-1, -1};
+    if (prepared && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        prepared = false;
     }
-    if (!prepared) {
-        close(fd);  // serve_fd owns the fd only once it is called
+    hydra_rpc_guard_outcome outcome;
+    upstream_session session{pair[1], cache_dir.empty() ? nullptr : cache_dir.c_str(), &t_serve_backends.backends, stats};
+    if (prepared) {
+        // Large socket buffers keep a weight upload streaming while upstream copies the last chunk.
+        int sz = 4 << 20;
+        for (int s : pair) {
+            setsockopt(s, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+            setsockopt(s, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+        }
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 64u << 20);
+        pthread_t upstream;
+        if (pthread_create(&upstream, &attr, upstream_session_main, &session) != 0) {
+            close(pair[1]);
+            prepared = false;
+        } else {
+            hydra_rpc_guard_run(fd, pair[0], t_serve_backends.backends, limits, outcome);
+            // EOF on its socket unwinds upstream's loop once it finishes what it is computing
+            shutdown(pair[0], SHUT_RDWR);
+            pthread_join(upstream, nullptr);
+        }
+        pthread_attr_destroy(&attr);
+        close(pair[0]);
     }
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     struct tcp_info ti = {};
     socklen_t len = sizeof(ti);
-    bool have_tcp = watch_fd >= 0 && getsockopt(watch_fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0;
-    if (watch_fd >= 0) {
-        close(watch_fd);
-    }
-    if (!ok) {
+    bool have_tcp = getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0;
+    close(fd);
+    if (!prepared || !session.ok) {
         hydra_error_throw(env, HYDRA_ERR_SERVE_FAILED, "could not create a backend for the served devices");
     }
     Napi::Object out = Napi::Object::New(env);
@@ -341,9 +438,19 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     out.Set("bytesIn", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_received : -1));
     out.Set("bytesOut", Napi::Number::New(env, have_tcp ? (double) ti.tcpi_bytes_acked : -1));
     out.Set("durationMs", Napi::Number::New(env, ms));
-    if (!session_error.empty()) {
-        out.Set("error", session_error);
+    if (!session.error.empty()) {
+        out.Set("error", session.error);
     }
+    out.Set("ended", outcome.ended);
+    if (outcome.ended == "refused" || outcome.ended == "timeout") {
+        out.Set("reason", outcome.reason);
+    }
+    if (outcome.ended == "refused") {
+        out.Set("refusedCommand", outcome.command);
+    }
+    out.Set("refusals", Napi::Number::New(env, (double) outcome.refusals));
+    out.Set("allocDenied", Napi::Number::New(env, (double) outcome.alloc_denied));
+    out.Set("allocBytesPeak", Napi::Number::New(env, (double) outcome.alloc_bytes_peak));
     Napi::Array served = Napi::Array::New(env);
     for (size_t i = 0; i < devices.size(); i++) {
         served.Set((uint32_t) i, ggml_backend_dev_name(devices[i]));

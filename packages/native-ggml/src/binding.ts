@@ -107,6 +107,31 @@ export interface NativeDecodeEntry {
   logits?: boolean;
 }
 
+/**
+ * Per-session caps and timeouts of a served ggml-RPC session (native/hydra_rpc_guard.cpp); each is
+ * optional and keeps its default when absent. Sizes in bytes, times in milliseconds.
+ */
+export interface NativeServeLimits {
+  /** Bytes all live buffers of the session may hold (default: GPU total memory; CPU half the host's). */
+  maxAllocBytes?: number;
+  /** Largest buffered message, i.e. GRAPH_COMPUTE (default 64 MiB). */
+  maxMessageBytes?: number;
+  /** Nodes of one graph (default 32768). */
+  maxGraphNodes?: number;
+  /** Tensors of one graph (default 131072). */
+  maxGraphTensors?: number;
+  /** Longest chain of tensor sources in one graph (default 16384). */
+  maxGraphDepth?: number;
+  /** Live buffers of the session (default 1024). */
+  maxBuffers?: number;
+  /** From the session's start to a complete HELLO (default 10000). */
+  helloTimeoutMs?: number;
+  /** Without progress inside a message, either direction (default 30000). */
+  stallTimeoutMs?: number;
+  /** Between messages while the session holds no buffer (default 60000; 0: never). */
+  idleTimeoutMs?: number;
+}
+
 export interface NativeServeSummary {
   commands: number;
   setTensorBytes: number;
@@ -115,6 +140,20 @@ export interface NativeServeSummary {
   bytesOut: number;
   durationMs: number;
   devices: string[];
+  /** An upstream assert or exception that ended the session. */
+  error?: string;
+  /** How the session ended: the client left, the guard refused a message, a timeout, or upstream ended it. */
+  ended: 'client' | 'refused' | 'timeout' | 'server';
+  /** Why, when `ended` is 'refused' or 'timeout'. */
+  reason?: string;
+  /** The refused command's name, when `ended` is 'refused'. */
+  refusedCommand?: string;
+  /** Messages refused, the session-ending one and denied allocations included. */
+  refusals: number;
+  /** ALLOC_BUFFER requests answered as failed because of maxAllocBytes or maxBuffers. */
+  allocDenied: number;
+  /** Most bytes the session's live buffers held at once. */
+  allocBytesPeak: number;
 }
 
 /** The flat surface of hydra_ggml.node. */
@@ -127,6 +166,8 @@ export interface NativeBinding {
     maxDevices: number;
   };
   devicesList(): NativeDevice[];
+  /** The named devices (memory included) described on a detached thread; see devicesDescribe in hydra_addon.cpp. */
+  devicesDescribe(names: string[]): Promise<NativeDevice[]>;
   rpcServerAdd(endpoint: string): Promise<NativeDevice[]>;
   modelLoad(
     params: NativeModelParams,
@@ -189,7 +230,7 @@ export interface NativeBinding {
   fdShutdown(fd: number): void;
   serveRpcFd(
     fd: number,
-    options: { devices?: string[]; threads?: number; cacheDir?: string },
+    options: { devices?: string[]; threads?: number; cacheDir?: string } & NativeServeLimits,
     stats?: BigUint64Array,
   ): NativeServeSummary;
   rpcWeightsIndexAdd(path: string): Promise<NativeWeightsIndexAdded>;

@@ -2,7 +2,7 @@
 // worker thread (not the event loop) until the client leaves. The worker keeps its device backends
 // between sessions (see native/hydra_rpc_serve.cpp).
 import { closeSync } from 'node:fs';
-import type { NativeServeSummary } from './binding.js';
+import type { NativeServeLimits, NativeServeSummary } from './binding.js';
 import { loadBinding } from './binding.js';
 
 /** The task a merged port hands to this worker. */
@@ -13,6 +13,8 @@ export interface RpcServeTask {
   cacheDir?: string;
   /** Live counters (commands, set-tensor bytes, hash hits), usually on a SharedArrayBuffer. */
   stats?: BigUint64Array;
+  /** The session's caps and timeouts; serveRpcFd refuses an unknown or invalid key by name. */
+  limits?: NativeServeLimits;
 }
 
 let ready = false;
@@ -29,7 +31,9 @@ export default function serve(task: RpcServeTask): NativeServeSummary {
     closeSync(task.fd); // the fd is ours from the moment the task arrives
     throw err;
   }
-  const options: { devices?: string[]; threads?: number; cacheDir?: string } = {};
+  const options: { devices?: string[]; threads?: number; cacheDir?: string } & NativeServeLimits = {
+    ...task.limits,
+  };
   if (task.devices) options.devices = task.devices;
   if (task.threads) options.threads = task.threads;
   if (task.cacheDir) options.cacheDir = task.cacheDir;
