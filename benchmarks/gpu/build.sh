@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds native-ggml with CUDA on the device machine with plain cmake (no node_modules, no cmake-js):
-# the hydra_ggml addon and the stock upstream tools (llama-bench, ggml-rpc-server, llama-simple) from
-# the same pinned, patched llama.cpp, into packages/native-ggml/build-cuda/bin/. Also unpacks the
+# the hydra_ggml addon and the stock upstream tools (llama-bench, ggml-rpc-server, llama-simple, and
+# with HYDRA_SERVER_TOOLS the serving anchors llama-server and llama-batched-bench) from the same
+# pinned, patched llama.cpp, into packages/native-ggml/build-cuda/bin/. Also unpacks the
 # carried node binary. Stops by itself before --budget-s (default 540 s); run it again to continue:
 # the build is incremental. Usage: bash benchmarks/gpu/build.sh [--jobs N] [--archs 90] [--budget-s S]
 #
@@ -76,7 +77,7 @@ command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
 say "configuring CUDA (archs $archs) into $out"
 cmake -S "$pkg" -B "$out" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_JS_INC=$napi_h;$addon_api" "-DNODE_ADDON_API_DIR=$addon_api" \
-  -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" \
+  -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DHYDRA_SERVER_TOOLS=ON \
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON >"$out.configure.log" 2>&1 \
   || { tail -n 40 "$out.configure.log" >&2; exit 1; }
 left=$(( budget - ($(date +%s) - start) ))
@@ -87,7 +88,7 @@ rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" = 124 ]; then say "stopped at the budget; run build.sh again to continue (incremental)"; exit 3; fi
 [ "$rc" = 0 ] || { say "build failed ($rc)"; exit 1; }
-for f in hydra_ggml.node llama-bench ggml-rpc-server llama-simple; do
+for f in hydra_ggml.node llama-bench ggml-rpc-server llama-simple llama-server llama-batched-bench; do
   [ -e "$out/bin/$f" ] || { say "missing $out/bin/$f"; exit 1; }
 done
 say "built: $(ls "$out/bin" | tr '\n' ' ')"
