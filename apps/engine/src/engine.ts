@@ -117,7 +117,10 @@ export class Engine {
   get degraded(): Degraded | undefined {
     return this.#runtime.degraded;
   }
-  /** How long the decode step in flight has run (ms), or undefined between steps. */
+  /**
+   * Time since the last decode progress (ms) while a step is in flight, else undefined: a step
+   * carries at most n_batch tokens, so this stays short on a live device however long the prompt.
+   */
   decodeStalledMs(now = performance.now()): number | undefined {
     return this.#scheduler.decodeStalledMs(now);
   }

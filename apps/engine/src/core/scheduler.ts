@@ -17,6 +17,7 @@ interface Job {
   prompt: Int32Array;
   params: GenerationParams;
   onText: ((text: string) => void) | undefined;
+  onToken: ((token: number) => void) | undefined;
   signal: AbortSignal | undefined;
   epoch: number;
   slotId: number | undefined;
@@ -29,6 +30,10 @@ interface Job {
   // Slot-time state.
   slot: number;
   sampler: Sampler | undefined;
+  /** Admission order: prompt chunks are fed first come, first served across slots. */
+  order: number;
+  /** Prompt tokens whose KV is in the slot's sequence (from `reuse` up to the prompt's length). */
+  fed: number;
   promptFed: boolean;
   pos: number;
   last: number;
@@ -40,6 +45,8 @@ interface Job {
 /** One queued decode step: the jobs of its entries, in entry order. */
 interface Step {
   jobs: Job[];
+  /** Prompt tokens each entry feeds (0: a generated token); undefined when all are 0. */
+  chunks: number[] | undefined;
   result: Promise<{ tokens: Int32Array }>;
   queuedAt: number;
 }
@@ -64,6 +71,9 @@ export class Scheduler {
   #model: Model | undefined;
   #ctx: Context | undefined;
   #nCtxSeq = 0;
+  /** Tokens one step may carry (the context's n_batch): decode tokens first, then prompt chunks. */
+  #budget = 1;
+  #admitted = 0;
   #slots: (Job | undefined)[] = [];
   readonly #queue: Job[] = [];
   #running = false;
@@ -117,6 +127,7 @@ export class Scheduler {
     this.#ctx = ctx;
     const info = ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
+    this.#budget = Math.max(1, info.nBatch);
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
   }
@@ -279,6 +290,7 @@ export class Scheduler {
         prompt,
         params,
         onText: options.onText,
+        onToken: options.onToken,
         signal: options.signal,
         epoch: this.#epoch(),
         slotId: options.slot,
@@ -289,6 +301,8 @@ export class Scheduler {
         reject,
         slot: -1,
         sampler: undefined,
+        order: 0,
+        fed: 0,
         promptFed: false,
         pos: 0,
         last: -1,
@@ -349,6 +363,8 @@ export class Scheduler {
       ctx.removeSequence(i, reuse, -1);
       this.#cache[i] = cached.subarray(0, reuse);
       job.reuse = reuse;
+      job.fed = reuse;
+      job.order = this.#admitted++;
       job.slot = i;
       // The configuration that serves it is the one in force at admission, not at submission.
       job.epoch = this.#epoch();
@@ -385,35 +401,12 @@ export class Scheduler {
           }
           if (!this.#ctx) break;
           this.#admit();
-          const jobs: Job[] = [];
-          const entries: DecodeEntry[] = [];
-          for (const job of this.#slots) {
-            if (!job) continue;
-            if (job.failure) {
-              this.#release(job, job.failure);
-              continue;
-            }
-            if (job.signal?.aborted) {
-              this.#release(job, 'cancelled');
-              continue;
-            }
-            jobs.push(job);
-            entries.push(
-              job.promptFed
-                ? { seq: job.slot, pos: job.pos, tokens: [job.last], sampler: job.sampler! }
-                : {
-                    seq: job.slot,
-                    pos: job.reuse,
-                    tokens: job.prompt.subarray(job.reuse),
-                    sampler: job.sampler!,
-                  },
-            );
-          }
-          if (entries.length === 0) {
+          const next = this.#assemble();
+          if (!next) {
             if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
             continue;
           }
-          step = this.#decode(this.#ctx, jobs, entries);
+          step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
         }
         ahead = this.#chain(step);
         let out: { tokens: Int32Array };
@@ -445,12 +438,25 @@ export class Scheduler {
         this.#counters.decodeSeconds += (t1 - started) / 1000;
         this.#lastStepEnd = t1;
         let served = 0;
+        const chunks = step.chunks;
         for (let i = 0; i < step.jobs.length; i++) {
           const job = step.jobs[i]!;
           // A job that ended at the step before (stop, EOS) still had an entry in this one: dropped.
           if (this.#slots[job.slot] !== job) {
             this.#counters.decodeEntriesWasted += 1;
             continue;
+          }
+          const chunk = chunks === undefined ? 0 : chunks[i]!;
+          if (chunk > 0) {
+            job.fed += chunk;
+            this.#counters.promptTokens += chunk;
+            this.#counters.promptChunks += 1;
+            if (job.fed < job.prompt.length) {
+              // An intermediate chunk samples nothing; a cancel or failure ends the prefill here.
+              if (job.failure) this.#release(job, job.failure);
+              else if (job.signal?.aborted) this.#release(job, 'cancelled');
+              continue;
+            }
           }
           served += 1;
           if (job.failure) this.#release(job, job.failure);
@@ -466,7 +472,54 @@ export class Scheduler {
     }
   }
 
-  #decode(ctx: Context, jobs: Job[], entries: DecodeEntry[]): Step {
+  /**
+   * The next step's entries: the next token of every generating slot first, then prompt chunks of
+   * prefilling slots in admission order up to the budget (n_batch), so a long prompt is fed over
+   * several steps and never holds the running streams for longer than one budget-sized step. Only
+   * the chunk that ends a prompt samples; the others ask for no output. Ends cancelled and failed
+   * jobs on the way.
+   */
+  #assemble(): { jobs: Job[]; entries: DecodeEntry[]; chunks: number[] | undefined } | undefined {
+    const jobs: Job[] = [];
+    const entries: DecodeEntry[] = [];
+    let prefill: Job[] | undefined;
+    for (const job of this.#slots) {
+      if (!job) continue;
+      if (job.failure) {
+        this.#release(job, job.failure);
+        continue;
+      }
+      if (job.signal?.aborted) {
+        this.#release(job, 'cancelled');
+        continue;
+      }
+      if (job.promptFed) {
+        jobs.push(job);
+        entries.push({ seq: job.slot, pos: job.pos, tokens: Int32Array.of(job.last), sampler: job.sampler! });
+      } else (prefill ??= []).push(job);
+    }
+    if (!prefill) return entries.length === 0 ? undefined : { jobs, entries, chunks: undefined };
+    const chunks: number[] = new Array(jobs.length).fill(0);
+    if (prefill.length > 1) prefill.sort((a, b) => a.order - b.order);
+    // At least one prompt token per step, so prompts advance even when decodes fill the budget.
+    let room = Math.max(1, this.#budget - entries.length);
+    for (const job of prefill) {
+      if (room === 0) break;
+      const n = Math.min(job.prompt.length - job.fed, room);
+      room -= n;
+      const tokens = job.prompt.subarray(job.fed, job.fed + n);
+      jobs.push(job);
+      chunks.push(n);
+      entries.push(
+        job.fed + n === job.prompt.length
+          ? { seq: job.slot, pos: job.fed, tokens, sampler: job.sampler! }
+          : { seq: job.slot, pos: job.fed, tokens },
+      );
+    }
+    return { jobs, entries, chunks };
+  }
+
+  #decode(ctx: Context, jobs: Job[], entries: DecodeEntry[], chunks: number[] | undefined): Step {
     this.#stepsInFlight += 1;
     const gen = this.#gen;
     const result = ctx.decode(entries);
@@ -477,7 +530,7 @@ export class Scheduler {
       if (this.#stepsInFlight === 0) for (const cleanup of this.#afterSteps.splice(0)) cleanup();
     };
     result.then(settled, settled);
-    return { jobs, result, queuedAt: performance.now() };
+    return { jobs, chunks, result, queuedAt: performance.now() };
   }
 
   /**
@@ -486,6 +539,7 @@ export class Scheduler {
    * its sequence samples in `step` (`follow`), so the device starts the next step the moment the
    * current one ends instead of waiting for the JS thread to see the result and answer. A job that
    * stops early (EOS, a stop string, a cancel) wastes that one entry; its KV position is dropped.
+   * Not while a prompt is still being fed: its next chunk must go in the next step.
    */
   #chain(step: Step): Step | undefined {
     if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0) return undefined;
@@ -494,9 +548,12 @@ export class Scheduler {
     for (const s of this.#slots) if (s) active += 1;
     if (active !== step.jobs.length) return undefined;
     const entries: DecodeEntry[] = [];
-    for (const job of step.jobs) {
+    const chunks = step.chunks;
+    for (let i = 0; i < step.jobs.length; i++) {
+      const job = step.jobs[i]!;
       if (this.#slots[job.slot] !== job || job.failure || job.signal?.aborted || !job.sampler)
         return undefined;
+      if (chunks !== undefined && job.fed + chunks[i]! < job.prompt.length) return undefined;
       // Tokens generated once `step` ends: one more than now.
       if (job.generated.length + 1 >= job.maxTokens) return undefined;
       const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
@@ -504,14 +561,13 @@ export class Scheduler {
       entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler });
     }
     this.#counters.decodeStepsAhead += 1;
-    return this.#decode(this.#ctx, step.jobs, entries);
+    return this.#decode(this.#ctx, step.jobs, entries, undefined);
   }
 
   #advance(job: Job, token: number): void {
     if (!job.promptFed) {
       job.promptFed = true;
       job.pos = job.prompt.length;
-      this.#counters.promptTokens += job.prompt.length - job.reuse;
     } else {
       job.pos += 1;
     }
@@ -527,6 +583,7 @@ export class Scheduler {
     }
     job.generated.push(token);
     job.last = token;
+    job.onToken?.(token);
     this.#counters.generatedTokens += 1;
     this.#send(job, job.output.push(model.tokenBytes(token)));
     if (job.output.stopped) {

@@ -29,6 +29,8 @@ export interface GenerationResult {
 export interface SubmitOptions {
   /** Text as it becomes final (stop strings are never split across or leaked into it). */
   onText?: (text: string) => void;
+  /** Each generated token id as it is sampled (before stop strings cut the text). */
+  onToken?: (token: number) => void;
   /** Aborting frees the slot at the next step; the promise resolves with `finishReason: 'cancelled'`. */
   signal?: AbortSignal;
   /** Run in this slot (waits for it); default: any free slot. */
@@ -54,6 +56,8 @@ export interface EngineCounters {
   /** Entries of steps queued ahead that were dropped: their request had ended meanwhile. */
   decodeEntriesWasted: number;
   decodeSeconds: number;
+  /** Decode entries that fed a part of a prompt (chunked prefill: a long prompt takes several). */
+  promptChunks: number;
   loadSeconds: number;
   rejectedQueueFull: number;
 }
@@ -79,6 +83,7 @@ export function newCounters(): EngineCounters {
     decodeStepsAhead: 0,
     decodeEntriesWasted: 0,
     decodeSeconds: 0,
+    promptChunks: 0,
     loadSeconds: 0,
     rejectedQueueFull: 0,
   };
