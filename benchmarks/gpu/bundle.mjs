@@ -3,15 +3,16 @@
 //   run.cjs             benchmarks/gpu/run.mjs with hydra-rpc, native-ggml/synth and the schema
 //   native-port.cjs     benchmarks/gpu/native-port.mjs: the native boundary and merged port vs upstream
 //   second-context.cjs  benchmarks/gpu/second-context.mjs: the probe of the second-context drop
+//   serving.cjs         benchmarks/gpu/serving.mjs: prefill stall and concurrency vs llama-server
 //   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
-//   piscina-worker.cjs  piscina's worker (the merged port's pool), under the name the bundle asks for
-//   rpc-worker.js       native-ggml's ggml-RPC worker, where the bundled wrapper looks for it
+//   rpc-host.js         native-ggml's ggml-RPC host process (the merged port's pool), where the bundled wrapper looks for it
+//   rpc-worker.js       its worker thread, where the bundled host looks for it
 // Run after `pnpm build` (it bundles the tsc output).
 import { mkdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
-import { commonOptions, renamePiscinaWorker } from '../../apps/engine/scripts/bundle-options.mjs';
+import { commonOptions } from '../../apps/engine/scripts/bundle-options.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..', '..');
@@ -19,7 +20,6 @@ const out = join(here, '..', 'dist', 'gpu');
 const pkgDir = (from, name) => realpathSync(join(from, 'node_modules', name));
 const engineDir = join(root, 'apps/engine');
 const nativeDir = pkgDir(engineDir, '@hydra-engine/native-ggml');
-const piscinaDir = join(pkgDir(pkgDir(engineDir, '@hydra-engine/hydra-rpc'), 'piscina'), 'dist');
 
 rmSync(out, { recursive: true, force: true });
 mkdirSync(out, { recursive: true });
@@ -32,7 +32,6 @@ await build({
   ...common,
   entryPoints: [join(here, 'run.mjs')],
   outfile: join(out, 'run.cjs'),
-  plugins: [renamePiscinaWorker],
 });
 await build({
   ...common,
@@ -46,14 +45,18 @@ await build({
 });
 await build({
   ...common,
-  entryPoints: [join(engineDir, 'dist/cli.js')],
-  outfile: join(out, 'cli.cjs'),
-  plugins: [renamePiscinaWorker],
+  entryPoints: [join(here, 'serving.mjs')],
+  outfile: join(out, 'serving.cjs'),
 });
 await build({
   ...common,
-  entryPoints: [join(piscinaDir, 'worker.js')],
-  outfile: join(out, 'piscina-worker.cjs'),
+  entryPoints: [join(engineDir, 'dist/cli.js')],
+  outfile: join(out, 'cli.cjs'),
+});
+await build({
+  ...common,
+  entryPoints: [join(nativeDir, 'dist/rpc-host.js')],
+  outfile: join(out, 'rpc-host.js'),
 });
 await build({
   ...common,
