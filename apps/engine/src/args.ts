@@ -16,6 +16,22 @@ export interface ServeSettings {
   progress: 'auto' | 'bar' | 'lines' | 'off';
   /** GGUF files whose tensors the merged port serves to ggml-RPC heads from disk (COMBINE). */
   rpcWeights: string[];
+  // HTTP and control-plane hardening (http.ts HttpOptions, control/controller.ts ControllerOptions).
+  /** Keys read from `--api-key-file` (one a line, `#` comments), accepted besides `--api-key`'s. */
+  apiKeysFromFile: string[];
+  /** Open HTTP connections in all, and from one source address. */
+  httpMaxConnections: number;
+  httpMaxConnectionsPerSource: number;
+  /** Idle keep-alive connections close after this; headers must arrive within headersTimeoutMs. */
+  keepAliveTimeoutMs: number;
+  headersTimeoutMs: number;
+  /** Prompt bytes and chat messages per request (0: sized from a slot's n_ctx). */
+  maxPromptBytes: number;
+  maxMessages: number;
+  /** An unfinished STATE_PUT (or unread STATE_GET snapshot) is dropped after this idle time. */
+  stateTimeoutMs: number;
+  /** Bytes all unfinished STATE_PUT uploads may declare together. */
+  maxStateUploadBytes: number;
 }
 
 export interface ServeArgs {
@@ -185,6 +201,61 @@ export const FLAGS: FlagSpec[] = [
     kind: 'int',
     help: 'time allowed to send a request body (default 10000)',
   },
+  // HTTP and control-plane hardening (settings; see ServeSettings).
+  {
+    names: ['--api-key-file'],
+    key: '@apiKeyFile',
+    kind: 'string',
+    help: 'file of API keys, one a line (# comments), accepted besides --api-key',
+  },
+  {
+    names: ['--http-max-connections'],
+    key: '@httpMaxConnections',
+    kind: 'int',
+    help: 'open HTTP connections before 503 (default 1024)',
+  },
+  {
+    names: ['--http-max-connections-per-source'],
+    key: '@httpMaxConnectionsPerSource',
+    kind: 'int',
+    help: 'open HTTP connections from one address (default 256)',
+  },
+  {
+    names: ['--keep-alive-timeout-ms'],
+    key: '@keepAliveTimeoutMs',
+    kind: 'int',
+    help: 'idle keep-alive HTTP connections close after this (default 5000)',
+  },
+  {
+    names: ['--headers-timeout-ms'],
+    key: '@headersTimeoutMs',
+    kind: 'int',
+    help: 'request headers must arrive within this, idle new connections included (default 10000)',
+  },
+  {
+    names: ['--max-prompt-bytes'],
+    key: '@maxPromptBytes',
+    kind: 'int',
+    help: 'largest prompt or chat text in bytes (default 0: max(1 MiB, 64 x slot n_ctx))',
+  },
+  {
+    names: ['--max-messages'],
+    key: '@maxMessages',
+    kind: 'int',
+    help: 'most chat messages per request (default 0: max(256, slot n_ctx / 2))',
+  },
+  {
+    names: ['--state-timeout-ms'],
+    key: '@stateTimeoutMs',
+    kind: 'int',
+    help: 'an unfinished STATE_PUT/STATE_GET transfer is dropped after this idle time (default 60000)',
+  },
+  {
+    names: ['--max-state-upload-bytes'],
+    key: '@maxStateUploadBytes',
+    kind: 'int',
+    help: 'bytes all unfinished STATE_PUT uploads may declare together (default 1 GiB)',
+  },
   {
     names: ['--progress'],
     key: '@progress',
@@ -351,7 +422,48 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   progress: 'progress',
   '@rpcWeights': 'rpcWeights',
   rpc_weights: 'rpcWeights',
+  '@apiKeyFile': 'apiKeysFromFile',
+  api_key_file: 'apiKeysFromFile',
+  '@httpMaxConnections': 'httpMaxConnections',
+  http_max_connections: 'httpMaxConnections',
+  '@httpMaxConnectionsPerSource': 'httpMaxConnectionsPerSource',
+  http_max_connections_per_source: 'httpMaxConnectionsPerSource',
+  '@keepAliveTimeoutMs': 'keepAliveTimeoutMs',
+  keep_alive_timeout_ms: 'keepAliveTimeoutMs',
+  '@headersTimeoutMs': 'headersTimeoutMs',
+  headers_timeout_ms: 'headersTimeoutMs',
+  '@maxPromptBytes': 'maxPromptBytes',
+  max_prompt_bytes: 'maxPromptBytes',
+  '@maxMessages': 'maxMessages',
+  max_messages: 'maxMessages',
+  '@stateTimeoutMs': 'stateTimeoutMs',
+  state_timeout_ms: 'stateTimeoutMs',
+  '@maxStateUploadBytes': 'maxStateUploadBytes',
+  max_state_upload_bytes: 'maxStateUploadBytes',
 };
+
+/** Reads an `--api-key-file` as llama-server does: one key a line, blank and `#` lines skipped. */
+function readApiKeyFile(file: unknown, where: string, key: string): string[] {
+  const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
+  if (typeof file !== 'string' || file === '')
+    throw new HydraError(code, `${where}: api_key_file must be a file path`, { keys: [key] });
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new HydraError(code, `${where}: cannot read the API key file ${file}: ${(err as Error).message}`, {
+      keys: [key],
+      cause: err,
+    });
+  }
+  const keys = text
+    .split('\n')
+    .map((l) => l.replace(/\r$/, ''))
+    .filter((l) => l !== '' && !l.startsWith('#'));
+  if (keys.length === 0)
+    throw new HydraError(code, `${where}: the API key file ${file} holds no key`, { keys: [key] });
+  return keys;
+}
 
 /**
  * Parses `hydra-engine serve` flags and the `--config` file into the startup configuration layer
@@ -366,6 +478,15 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     bodyTimeoutMs: 10_000,
     progress: 'auto',
     rpcWeights: [],
+    apiKeysFromFile: [],
+    httpMaxConnections: 1024,
+    httpMaxConnectionsPerSource: 256,
+    keepAliveTimeoutMs: 5000,
+    headersTimeoutMs: 10_000,
+    maxPromptBytes: 0,
+    maxMessages: 0,
+    stateTimeoutMs: 60_000,
+    maxStateUploadBytes: 1 << 30,
   };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};
@@ -393,7 +514,11 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
       settings.rpcWeights.push(...(files as string[]));
       return;
     }
-    const min = name === 'maxQueue' ? 0 : 1;
+    if (name === 'apiKeysFromFile') {
+      settings.apiKeysFromFile.push(...readApiKeyFile(value, where, key));
+      return;
+    }
+    const min = name === 'maxQueue' || name === 'maxPromptBytes' || name === 'maxMessages' ? 0 : 1;
     if (!Number.isInteger(value) || (value as number) < min) {
       const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
       throw new HydraError(code, `${where}: ${key.replace('@', '')} must be an integer >= ${min}`, {

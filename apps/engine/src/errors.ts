@@ -38,6 +38,12 @@ export const ERROR_CODES = [
   'HYDRA_ERR_QUANT_PARITY',
   'HYDRA_ERR_RETIRED',
   'HYDRA_ERR_FORBIDDEN',
+  // HTTP and control-plane limits (src/http.ts, src/control).
+  'HYDRA_ERR_PROMPT_TOO_LARGE',
+  'HYDRA_ERR_TOO_MANY_MESSAGES',
+  'HYDRA_ERR_TOO_MANY_CONNECTIONS',
+  'HYDRA_ERR_STATE_EXPIRED',
+  'HYDRA_ERR_STATE_UPLOADS_FULL',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 

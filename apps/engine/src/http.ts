@@ -1,20 +1,57 @@
-import { randomUUID } from 'node:crypto';
+import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
+import { Allowlist } from '@hydra-engine/hydra-rpc';
 import { normalize } from '@hydra-engine/tiering';
 import { type Engine, type GenerationParams, type GenerationResult, samplerParamsFrom } from './engine.js';
 import { HydraError } from './errors.js';
 
 export interface HttpOptions {
   engine: Engine;
-  apiKey?: string;
+  /**
+   * Keys accepted as `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), as llama-server's
+   * `--api-key k1,k2` / `--api-key-file`: when any is set every route but `/health` and
+   * `/v1/health` needs one, `/metrics` and `/control/*` included.
+   */
+  apiKeys?: readonly string[];
+  /** CIDR list that may read `/metrics` (the `--control-allow-from` list; absent: anyone). */
+  metricsAllowFrom?: readonly string[];
   maxBodyBytes: number;
   bodyTimeoutMs: number;
+  /** Open connections in all (default {@link HTTP_DEFAULTS}); the next one gets 503. */
+  maxConnections?: number;
+  /** Open connections from one source address (default {@link HTTP_DEFAULTS}). */
+  maxConnectionsPerSource?: number;
+  /** An idle keep-alive connection is closed after this long (default 5000 ms). */
+  keepAliveTimeoutMs?: number;
+  /** The request line and headers must arrive within this long, idle new connections included. */
+  headersTimeoutMs?: number;
+  /** Largest prompt (or sum of chat message texts) in UTF-8 bytes; 0: max(1 MiB, 64 x n_ctx of a slot). */
+  maxPromptBytes?: number;
+  /** Most chat messages in one request; 0: max(256, n_ctx of a slot / 2). */
+  maxMessages?: number;
   /** Prometheus text for `/metrics`. */
   metrics: () => string;
   modelId?: () => string;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
+}
+
+/** Defaults of the optional {@link HttpOptions} limits. */
+export const HTTP_DEFAULTS = {
+  maxConnections: 1024,
+  maxConnectionsPerSource: 256,
+  keepAliveTimeoutMs: 5000,
+  headersTimeoutMs: 10_000,
+  maxPromptBytes: 0,
+  maxMessages: 0,
+} as const;
+
+/** Counters of the HTTP server (also in `/metrics`). */
+export interface HttpStats {
+  connections: number;
+  refusedConnections: number;
+  unauthorized: number;
 }
 
 const STATUS_BY_CODE: Record<string, number> = {
@@ -28,7 +65,11 @@ const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_BAD_VALUE: 400,
   HYDRA_ERR_UNKNOWN_KEY: 400,
   HYDRA_ERR_PROMPT_TOO_LONG: 400,
+  HYDRA_ERR_TOO_MANY_MESSAGES: 400,
   HYDRA_ERR_BODY_TOO_LARGE: 413,
+  HYDRA_ERR_PROMPT_TOO_LARGE: 413,
+  HYDRA_ERR_TOO_MANY_CONNECTIONS: 503,
+  HYDRA_ERR_FORBIDDEN: 403,
   HYDRA_ERR_REQUEST_TIMEOUT: 408,
   HYDRA_ERR_QUEUE_FULL: 429,
   HYDRA_ERR_UNAUTHORIZED: 401,
@@ -220,20 +261,128 @@ function chatMessages(body: Record<string, unknown>): { role: string; content: s
   });
 }
 
+function positiveInt(options: Record<string, unknown>, key: string, dflt: number, min = 1): number {
+  const v = options[key] ?? dflt;
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) {
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `options.${key} must be an integer >= ${min}`, {
+      keys: [key],
+    });
+  }
+  return v;
+}
+
+function keyMatches(given: string, keys: readonly Buffer[]): boolean {
+  const g = Buffer.from(given);
+  let ok = false;
+  // Every key is compared, in constant time each: the answer time says nothing about the keys.
+  for (const k of keys) if (k.length === g.length && timingSafeEqual(k, g)) ok = true;
+  return ok;
+}
+
+const PUBLIC_PATHS = new Set(['/health', '/v1/health']);
+
+/** `--api-key k1,k2` as llama-server reads it: comma-separated, empty entries dropped. */
+export function splitApiKeys(value: string): string[] {
+  return value.split(',').filter((k) => k.length > 0);
+}
+
 /** The OpenAI-compatible HTTP API, `/health` and `/metrics`, on node:http. */
 export class HttpApi {
   readonly #opts: HttpOptions;
   readonly #server: Server;
+  readonly #keys: Buffer[];
+  readonly #metricsAllow: Allowlist | undefined;
+  readonly #maxConnections: number;
+  readonly #maxPerSource: number;
+  readonly #maxPromptBytes: number;
+  readonly #maxMessages: number;
+  readonly #perSource = new Map<string, number>();
+  readonly #refusedSockets = new WeakSet<Socket>();
+  #open = 0;
+  #refused = 0;
+  #unauthorized = 0;
 
   constructor(options: HttpOptions) {
+    if (!options || typeof options !== 'object')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options must be an object');
+    const o = options as unknown as Record<string, unknown>;
+    const keys = options.apiKeys ?? [];
+    if (!Array.isArray(keys) || !keys.every((k) => typeof k === 'string' && k.length > 0)) {
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.apiKeys must be non-empty strings', {
+        keys: ['apiKeys'],
+      });
+    }
+    this.#keys = keys.map((k) => Buffer.from(k));
+    this.#metricsAllow = options.metricsAllowFrom ? new Allowlist(options.metricsAllowFrom) : undefined;
+    positiveInt(o, 'maxBodyBytes', Number.NaN);
+    positiveInt(o, 'bodyTimeoutMs', Number.NaN);
+    this.#maxConnections = positiveInt(o, 'maxConnections', HTTP_DEFAULTS.maxConnections);
+    this.#maxPerSource = positiveInt(o, 'maxConnectionsPerSource', HTTP_DEFAULTS.maxConnectionsPerSource);
+    const keepAlive = positiveInt(o, 'keepAliveTimeoutMs', HTTP_DEFAULTS.keepAliveTimeoutMs);
+    const headers = positiveInt(o, 'headersTimeoutMs', HTTP_DEFAULTS.headersTimeoutMs);
+    this.#maxPromptBytes = positiveInt(o, 'maxPromptBytes', HTTP_DEFAULTS.maxPromptBytes, 0);
+    this.#maxMessages = positiveInt(o, 'maxMessages', HTTP_DEFAULTS.maxMessages, 0);
     this.#opts = options;
-    this.#server = createServer((req, res) => {
-      this.#route(req, res).catch((err) => sendError(res, err));
+    this.#server = createServer(
+      // Node closes connections past their header or request deadline only when it checks: every
+      // quarter of the header timeout, so an idle connection lives at most 1.25x of it.
+      { connectionsCheckingInterval: Math.max(50, Math.floor(headers / 4)) },
+      (req, res) => {
+        if (this.#refusedSockets.has(req.socket)) return;
+        this.#route(req, res).catch((err) => sendError(res, err));
+      },
+    );
+    this.#server.headersTimeout = headers;
+    // The body has its own deadline (readJson's 408 with a code); this one backs it up.
+    this.#server.requestTimeout = headers + options.bodyTimeoutMs + 1000;
+    this.#server.keepAliveTimeout = keepAlive;
+    // Before Node's own listener, so a refused socket is paused before its parser reads from it.
+    this.#server.prependListener('connection', (socket: Socket) => this.#admit(socket));
+  }
+
+  /** Connection and authorization counters. */
+  stats(): HttpStats {
+    return { connections: this.#open, refusedConnections: this.#refused, unauthorized: this.#unauthorized };
+  }
+
+  // A refused connection gets a 503 with a code, not a reset: a client can tell "full" from "down".
+  #admit(socket: Socket): void {
+    const source = socket.remoteAddress ?? '';
+    const fromSource = this.#perSource.get(source) ?? 0;
+    if (this.#open >= this.#maxConnections || fromSource >= this.#maxPerSource) {
+      this.#refused++;
+      this.#refusedSockets.add(socket);
+      const message =
+        this.#open >= this.#maxConnections
+          ? `the server has ${this.#open} connections open (the limit)`
+          : `${source} has ${fromSource} connections open (the per-source limit)`;
+      const body = JSON.stringify({
+        error: { message, type: 'server_error', code: 'HYDRA_ERR_TOO_MANY_CONNECTIONS' },
+      });
+      socket.on('error', () => undefined);
+      socket.end(
+        `HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
+      socket.pause();
+      setTimeout(() => socket.destroy(), 1000).unref();
+      return;
+    }
+    this.#open++;
+    this.#perSource.set(source, fromSource + 1);
+    socket.once('close', () => {
+      this.#open--;
+      const n = (this.#perSource.get(source) ?? 1) - 1;
+      if (n > 0) this.#perSource.set(source, n);
+      else this.#perSource.delete(source);
     });
-    // Headers must arrive promptly too; Node answers 408 itself when they do not.
-    this.#server.headersTimeout = Math.max(options.bodyTimeoutMs, 1000);
-    this.#server.requestTimeout = 0;
-    this.#server.keepAliveTimeout = 5000;
+  }
+
+  #authorized(req: IncomingMessage): boolean {
+    if (this.#keys.length === 0) return true;
+    let given = req.headers.authorization ?? req.headers['x-api-key'] ?? '';
+    if (Array.isArray(given)) given = given[0] ?? '';
+    if (given.startsWith('Bearer ')) given = given.slice('Bearer '.length);
+    return keyMatches(given, this.#keys);
   }
 
   listen(port: number, host: string): Promise<AddressInfo> {
@@ -262,7 +411,13 @@ export class HttpApi {
     const url = new URL(req.url ?? '/', 'http://x');
     const path = url.pathname.replace(/\/+$/, '') || '/';
     const { engine } = this.#opts;
-    if (path === '/health' && req.method === 'GET') {
+    if (!PUBLIC_PATHS.has(path) && !this.#authorized(req)) {
+      this.#unauthorized++;
+      req.resume();
+      sendError(res, new HydraError('HYDRA_ERR_UNAUTHORIZED', 'missing or wrong API key'));
+      return;
+    }
+    if (PUBLIC_PATHS.has(path) && req.method === 'GET') {
       const state = engine.state;
       const degraded = engine.degraded;
       const body = {
@@ -278,7 +433,15 @@ export class HttpApi {
       return;
     }
     if (path === '/metrics' && req.method === 'GET') {
-      const text = this.#opts.metrics();
+      if (this.#metricsAllow && !this.#metricsAllow.allows(req.socket.remoteAddress)) {
+        req.resume();
+        sendError(
+          res,
+          new HydraError('HYDRA_ERR_FORBIDDEN', `${req.socket.remoteAddress} is not in --control-allow-from`),
+        );
+        return;
+      }
+      const text = this.#opts.metrics() + this.#metricsText();
       res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', ...this.#epochHeader() });
       res.end(text);
       return;
@@ -296,14 +459,6 @@ export class HttpApi {
       req.resume();
       sendError(res, new HydraError('HYDRA_ERR_NOT_FOUND', `no route ${req.method} ${path}`));
       return;
-    }
-    if (this.#opts.apiKey) {
-      const auth = req.headers.authorization ?? '';
-      if (auth !== `Bearer ${this.#opts.apiKey}`) {
-        req.resume();
-        sendError(res, new HydraError('HYDRA_ERR_UNAUTHORIZED', 'missing or wrong API key'));
-        return;
-      }
     }
     if (path.endsWith('/models')) {
       if (req.method !== 'GET') return this.#methodNotAllowed(req, res);
@@ -327,13 +482,54 @@ export class HttpApi {
     await this.#complete(req, res, body as Record<string, unknown>, path.endsWith('/chat/completions'));
   }
 
+  #metricsText(): string {
+    const s = this.stats();
+    return [
+      '# HELP hydra_http_connections Open HTTP connections.',
+      '# TYPE hydra_http_connections gauge',
+      `hydra_http_connections ${s.connections}`,
+      '# HELP hydra_http_connections_refused_total HTTP connections refused by the connection caps.',
+      '# TYPE hydra_http_connections_refused_total counter',
+      `hydra_http_connections_refused_total ${s.refusedConnections}`,
+      '# HELP hydra_http_unauthorized_total HTTP requests refused for a missing or wrong API key.',
+      '# TYPE hydra_http_unauthorized_total counter',
+      `hydra_http_unauthorized_total ${s.unauthorized}`,
+      '',
+    ].join('\n');
+  }
+
+  // Sized from a slot so that a prompt that fits one is never refused for its bytes: 64 bytes per
+  // token is above the longest token of common vocabularies.
+  #promptByteLimit(): number {
+    return this.#maxPromptBytes || Math.max(1 << 20, 64 * this.#opts.engine.slots.nCtxSeq);
+  }
+
+  // A chat template spends a few tokens per message on its markers, so more messages than half a
+  // slot's tokens cannot fit one.
+  #messageLimit(): number {
+    return this.#maxMessages || Math.max(256, Math.floor(this.#opts.engine.slots.nCtxSeq / 2));
+  }
+
   #methodNotAllowed(req: IncomingMessage, res: ServerResponse): void {
     req.resume();
     sendError(res, new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed here`));
   }
 
+  #checkPromptBytes(bytes: number, key: string): void {
+    const limit = this.#promptByteLimit();
+    if (bytes > limit) {
+      throw new HydraError(
+        'HYDRA_ERR_PROMPT_TOO_LARGE',
+        `the prompt is ${bytes} bytes; the limit is ${limit}`,
+        {
+          keys: [key],
+        },
+      );
+    }
+  }
+
   async #complete(
-    _req: IncomingMessage,
+    req: IncomingMessage,
     res: ServerResponse,
     body: Record<string, unknown>,
     chat: boolean,
@@ -343,9 +539,21 @@ export class HttpApi {
     if (body.stream !== undefined && typeof body.stream !== 'boolean')
       throw badRequest('stream must be a boolean', 'stream');
     let promptText: string;
+    let messages: { role: string; content: string }[] | undefined;
     if (chat) {
-      const messages = chatMessages(body);
-      promptText = engine.chatPrompt(messages);
+      const limit = this.#messageLimit();
+      if (Array.isArray(body.messages) && body.messages.length > limit) {
+        throw new HydraError(
+          'HYDRA_ERR_TOO_MANY_MESSAGES',
+          `${body.messages.length} messages; the limit is ${limit}`,
+          { keys: ['messages'] },
+        );
+      }
+      messages = chatMessages(body);
+      let bytes = 0;
+      for (const m of messages) bytes += Buffer.byteLength(m.content) + Buffer.byteLength(m.role);
+      this.#checkPromptBytes(bytes, 'messages');
+      promptText = '';
     } else {
       const tokens = body.prompt;
       // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
@@ -357,7 +565,10 @@ export class HttpApi {
         promptText = '';
       } else if (typeof tokens !== 'string') {
         throw badRequest('prompt must be a string or an array of token ids', 'prompt');
-      } else promptText = tokens;
+      } else {
+        this.#checkPromptBytes(Buffer.byteLength(tokens), 'prompt');
+        promptText = tokens;
+      }
     }
     const slotField = body.slot_id ?? body.id_slot;
     if (slotField !== undefined && slotField !== null && slotField !== -1 && !Number.isSafeInteger(slotField))
@@ -372,7 +583,21 @@ export class HttpApi {
         throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
       engine.assertReady();
       prompt = Int32Array.from(body.prompt as number[]);
-    } else prompt = engine.tokenize(promptText);
+    } else {
+      // Rendering and tokenizing run off the JS thread: a big input must not stall /health. A model
+      // swapped meanwhile has another vocabulary: the tokens are made again for the new one.
+      let tokens: Int32Array | undefined;
+      for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
+        const model = engine.model;
+        const text = messages ? await engine.chatPromptAsync(messages) : promptText;
+        const t = await engine.tokenizeAsync(text);
+        if (engine.model === model) tokens = t;
+      }
+      if (tokens === undefined)
+        throw new HydraError('HYDRA_ERR_LOADING', 'the model changed while the prompt was tokenized');
+      prompt = tokens;
+      if (req.socket.destroyed) return;
+    }
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const model = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : '';

@@ -16,7 +16,7 @@ import { Controller } from './control/controller.js';
 import { controlRoutes, registerControl } from './control/wire.js';
 import { Engine } from './engine.js';
 import { HydraError } from './errors.js';
-import { HttpApi } from './http.js';
+import { HttpApi, splitApiKeys } from './http.js';
 import { renderMetrics } from './metrics.js';
 import { formatPlacement } from './placement.js';
 
@@ -98,9 +98,15 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     ...(args.registry ? { registry: args.registry } : {}),
     logger: { info, warn: info },
   });
-  const apiKey = t4.api_key as string;
+  const apiKeys = [...splitApiKeys(t4.api_key as string), ...args.settings.apiKeysFromFile];
   let port: HydraPort | undefined;
-  const controller = new Controller({ engine, registry: args.registry, drainTimeoutMs });
+  const controller = new Controller({
+    engine,
+    registry: args.registry,
+    drainTimeoutMs,
+    stateTimeoutMs: args.settings.stateTimeoutMs,
+    maxStateUploadBytes: args.settings.maxStateUploadBytes,
+  });
   const allowFrom = (t4.control_allow_from as string[]).map((c) =>
     c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8'),
   );
@@ -112,9 +118,16 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       poolStats: () => port?.stats(),
     }),
     engine,
-    ...(apiKey ? { apiKey } : {}),
+    apiKeys,
+    metricsAllowFrom: allowFrom,
     maxBodyBytes: args.settings.maxBodyBytes,
     bodyTimeoutMs: args.settings.bodyTimeoutMs,
+    maxConnections: args.settings.httpMaxConnections,
+    maxConnectionsPerSource: args.settings.httpMaxConnectionsPerSource,
+    keepAliveTimeoutMs: args.settings.keepAliveTimeoutMs,
+    headersTimeoutMs: args.settings.headersTimeoutMs,
+    maxPromptBytes: args.settings.maxPromptBytes,
+    maxMessages: args.settings.maxMessages,
     metrics: () => renderMetrics(engine, port?.stats()),
     modelId: () => basename(engine.modelPath ?? ''),
   });

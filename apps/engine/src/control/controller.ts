@@ -20,6 +20,22 @@ export interface ControllerOptions {
   drainTimeoutMs: number;
   /** ggml-RPC HELLO probe of a peer; native-ggml's by default. */
   probe?: (endpoint: string) => Promise<unknown>;
+  /** An unfinished STATE_PUT upload or unread STATE_GET snapshot is dropped after this idle time (default 60000). */
+  stateTimeoutMs?: number;
+  /** Bytes all unfinished STATE_PUT uploads may declare (`total`) together (default 1 GiB). */
+  maxStateUploadBytes?: number;
+}
+
+interface Transfer {
+  timer: NodeJS.Timeout | undefined;
+}
+interface Upload extends Transfer {
+  total: number;
+  parts: Buffer[];
+  received: number;
+}
+interface Snapshot extends Transfer {
+  data: Buffer;
 }
 
 export interface ConfigureReply {
@@ -50,7 +66,10 @@ function intField(
   min: number,
   max: number,
 ): number {
-  const v = req[key] ?? dflt;
+  let v = req[key] ?? dflt;
+  // MessagePack encoders may send any integer as int64/uint64, which msgpackr decodes to a BigInt
+  // (CONFIGURE takes them through tiering the same way).
+  if (typeof v === 'bigint' && v >= BigInt(min) && v <= BigInt(max)) v = Number(v);
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
     throw badValue(`${key} must be an integer in ${min}..${max}`, key);
   }
@@ -98,8 +117,12 @@ export class Controller {
   #timer: NodeJS.Timeout | undefined;
   #drainHeld = false;
   #appliedWaiters: (() => void)[] = [];
-  readonly #snapshots = new Map<number, Buffer>();
-  readonly #uploads = new Map<number, { total: number; parts: Buffer[]; received: number }>();
+  readonly #snapshots = new Map<number, Snapshot>();
+  readonly #uploads = new Map<number, Upload>();
+  readonly #stateTimeoutMs: number;
+  readonly #maxUploadBytes: number;
+  // Slots whose transfer was dropped for idling, so the next chunk says so instead of "offset".
+  readonly #expired = { get: new Set<number>(), put: new Set<number>() };
 
   constructor(options: ControllerOptions) {
     if (!options || typeof options !== 'object')
@@ -112,6 +135,14 @@ export class Controller {
     this.#registry = options.registry;
     this.#drainTimeoutMs = drainTimeoutMs;
     this.#probe = options.probe ?? ((e) => probeRpcServer(e));
+    const positive = (key: 'stateTimeoutMs' | 'maxStateUploadBytes', dflt: number) => {
+      const v = options[key] ?? dflt;
+      if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
+        throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `options.${key} must be a positive integer`);
+      return v;
+    };
+    this.#stateTimeoutMs = positive('stateTimeoutMs', 60_000);
+    this.#maxUploadBytes = positive('maxStateUploadBytes', MAX_STATE_BYTES);
     this.#policy = this.#freshPolicy();
     // A lost peer was dropped from the configuration behind the policy's back: start over from
     // what is applied now (waiting changes are dropped, as after a failed reload).
@@ -376,21 +407,59 @@ export class Controller {
     this.#timer.unref();
   }
 
+  /** Unfinished state transfers and the bytes they hold. */
+  get stateTransfers(): { uploads: number; snapshots: number; bytes: number } {
+    let bytes = 0;
+    for (const u of this.#uploads.values()) bytes += u.received;
+    for (const t of this.#snapshots.values()) bytes += t.data.length;
+    return { uploads: this.#uploads.size, snapshots: this.#snapshots.size, bytes };
+  }
+
+  // (Re)arms the idle timer of a transfer; the entry goes only if it is still the slot's one.
+  #touch<T extends Transfer>(map: Map<number, T>, expired: Set<number>, slot: number, entry: T): void {
+    clearTimeout(entry.timer);
+    entry.timer = setTimeout(() => {
+      if (map.get(slot) !== entry) return;
+      map.delete(slot);
+      expired.add(slot);
+    }, this.#stateTimeoutMs);
+    entry.timer.unref();
+  }
+
+  #drop<T extends Transfer>(map: Map<number, T>, slot: number): void {
+    clearTimeout(map.get(slot)?.timer);
+    map.delete(slot);
+  }
+
+  #expiredError(slot: number, what: string): HydraError {
+    return new HydraError(
+      'HYDRA_ERR_STATE_EXPIRED',
+      `the ${what} of slot ${slot} was dropped after ${this.#stateTimeoutMs} ms without a chunk; start again at offset 0`,
+      { keys: ['offset'] },
+    );
+  }
+
   /** STATE_GET: a chunk of a slot's state; offset 0 takes a fresh snapshot. */
   async stateGet(req: Record<string, unknown>): Promise<{ total: number; offset: number; data: Buffer }> {
     const slot = intField(req, 'slot', 0, 0, 1 << 20);
     const offset = intField(req, 'offset', 0, 0, Number.MAX_SAFE_INTEGER);
     const chunk = intField(req, 'chunk_size', this.stateChunkSize, 1, MAX_CHUNK);
     let snap = offset === 0 ? undefined : this.#snapshots.get(slot);
+    if (!snap && offset > 0 && this.#expired.get.has(slot)) throw this.#expiredError(slot, 'snapshot');
     if (!snap) {
-      snap = await this.engine.getSlotState(slot);
+      snap = { data: await this.engine.getSlotState(slot), timer: undefined };
+      this.#drop(this.#snapshots, slot);
       this.#snapshots.set(slot, snap);
+      this.#expired.get.delete(slot);
     }
-    if (offset > snap.length)
-      throw badValue(`offset ${offset} is past the state's ${snap.length} bytes`, 'offset');
-    const data = snap.subarray(offset, Math.min(snap.length, offset + chunk));
-    if (offset + data.length >= snap.length) this.#snapshots.delete(slot);
-    return { total: snap.length, offset, data };
+    const state = snap.data;
+    if (offset > state.length)
+      throw badValue(`offset ${offset} is past the state's ${state.length} bytes`, 'offset');
+    const data = state.subarray(offset, Math.min(state.length, offset + chunk));
+    if (offset + data.length >= state.length) {
+      if (this.#snapshots.get(slot) === snap) this.#drop(this.#snapshots, slot);
+    } else this.#touch(this.#snapshots, this.#expired.get, slot, snap);
+    return { total: state.length, offset, data };
   }
 
   /** STATE_PUT: chunks in order (offset 0 restarts); the last one restores the slot. */
@@ -404,7 +473,20 @@ export class Controller {
       throw badValue(`slot must be an integer in 0..${this.engine.slots.total - 1}`, 'slot');
     }
     let up = this.#uploads.get(slot);
-    if (offset === 0) up = { total, parts: [], received: 0 };
+    if (offset === 0) {
+      let declared = total;
+      for (const [s, u] of this.#uploads) if (s !== slot) declared += u.total;
+      if (declared > this.#maxUploadBytes) {
+        throw new HydraError(
+          'HYDRA_ERR_STATE_UPLOADS_FULL',
+          `unfinished uploads would declare ${declared} bytes; the limit is ${this.#maxUploadBytes}`,
+          { keys: ['total'] },
+        );
+      }
+      this.#drop(this.#uploads, slot);
+      this.#expired.put.delete(slot);
+      up = { total, parts: [], received: 0, timer: undefined };
+    } else if (!up && this.#expired.put.has(slot)) throw this.#expiredError(slot, 'upload');
     else if (!up || up.received !== offset) {
       throw badValue(`offset ${offset} does not follow the ${up?.received ?? 0} bytes received`, 'offset');
     }
@@ -415,9 +497,10 @@ export class Controller {
     up.received += data.length;
     if (up.received < total) {
       this.#uploads.set(slot, up);
+      this.#touch(this.#uploads, this.#expired.put, slot, up);
       return { received: up.received, complete: false };
     }
-    this.#uploads.delete(slot);
+    this.#drop(this.#uploads, slot);
     await this.engine.setSlotState(slot, Buffer.concat(up.parts, total));
     return { received: up.received, complete: true };
   }
@@ -535,5 +618,7 @@ export class Controller {
 
   close(): void {
     clearTimeout(this.#timer);
+    for (const slot of [...this.#uploads.keys()]) this.#drop(this.#uploads, slot);
+    for (const slot of [...this.#snapshots.keys()]) this.#drop(this.#snapshots, slot);
   }
 }
