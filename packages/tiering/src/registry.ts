@@ -78,40 +78,51 @@ const CLI_ONLY =
 const NO_CALLBACK = 'a native callback pointer; it cannot cross the wire';
 const NO_MULTIMODAL = 'multimodal (mtmd) input is not built into this engine';
 const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the native binding';
+const NO_SPECULATIVE = 'speculative decoding is not implemented in this engine';
+const NOT_SERVED = 'a llama-server setting this engine does not implement';
+const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
+const NO_THREADPOOL =
+  'CPU masks, priority and polling need a ggml threadpool, which the engine does not create';
+const SAMPLER_NOT_WIRED = 'a sampler setting the native sampler chain does not build yet';
+const NOT_PASSED = 'a llama.cpp load/context option the native binding does not pass';
 
 // ---------------------------------------------------------------- T1: sampler (common_params_sampling)
 const S = (name: string, type: FieldType, def: unknown, extra?: Extra) =>
   field(`sampling.${name}`, 'T1', 'sampler', type, def, extra);
-S('n_prev', int(1, 1 << 20), 64);
-S('n_probs', int(0, 1 << 20), 0);
-S('min_keep', int(0, 1 << 20), 0);
+S('n_prev', int(1, 1 << 20), 64, {
+  unsupported: 'the CLI history ring of common_sampler; the engine keeps no such buffer',
+});
+S('n_probs', int(0, 1 << 20), 0, {
+  unsupported: 'token probabilities (logprobs) are not returned by this engine',
+});
+S('min_keep', int(0, 1 << 20), 0, { unsupported: SAMPLER_NOT_WIRED });
 S('top_k', int(-1, 1 << 24), 40);
 S('top_p', num(0, 1), 0.95);
 S('min_p', num(0, 1), 0.05);
-S('xtc_probability', num(0, 1), 0);
-S('xtc_threshold', num(0, 1), 0.1);
+S('xtc_probability', num(0, 1), 0, { unsupported: SAMPLER_NOT_WIRED });
+S('xtc_threshold', num(0, 1), 0.1, { unsupported: SAMPLER_NOT_WIRED });
 S('typ_p', num(0, 1), 1);
 S('temp', num(0, 100), 0.8);
-S('dynatemp_range', num(0, 100), 0);
-S('dynatemp_exponent', num(0, 100), 1);
+S('dynatemp_range', num(0, 100), 0, { unsupported: SAMPLER_NOT_WIRED });
+S('dynatemp_exponent', num(0, 100), 1, { unsupported: SAMPLER_NOT_WIRED });
 S('penalty_last_n', int(-1, 1 << 24), 64);
 S('penalty_repeat', num(0, 100), 1);
 S('penalty_freq', num(-100, 100), 0);
 S('penalty_present', num(-100, 100), 0);
-S('dry_multiplier', num(0, 100), 0);
-S('dry_base', num(0, 100), 1.75);
-S('dry_allowed_length', int(0, 1 << 24), 2);
-S('dry_penalty_last_n', int(-1, 1 << 24), 64);
-S('dry_sequence_breakers', list(str(256), 256), ['\n', ':', '"', '*']);
-S('adaptive_target', num(-1, 1), -1);
-S('adaptive_decay', num(0, 0.99), 0.9);
-S('mirostat', int(0, 2), 0);
-S('mirostat_tau', num(0, 100), 5);
-S('mirostat_eta', num(0, 10), 0.1);
-S('top_n_sigma', num(-1, 100), -1);
+S('dry_multiplier', num(0, 100), 0, { unsupported: SAMPLER_NOT_WIRED });
+S('dry_base', num(0, 100), 1.75, { unsupported: SAMPLER_NOT_WIRED });
+S('dry_allowed_length', int(0, 1 << 24), 2, { unsupported: SAMPLER_NOT_WIRED });
+S('dry_penalty_last_n', int(-1, 1 << 24), 64, { unsupported: SAMPLER_NOT_WIRED });
+S('dry_sequence_breakers', list(str(256), 256), ['\n', ':', '"', '*'], { unsupported: SAMPLER_NOT_WIRED });
+S('adaptive_target', num(-1, 1), -1, { unsupported: SAMPLER_NOT_WIRED });
+S('adaptive_decay', num(0, 0.99), 0.9, { unsupported: SAMPLER_NOT_WIRED });
+S('mirostat', int(0, 2), 0, { unsupported: SAMPLER_NOT_WIRED });
+S('mirostat_tau', num(0, 100), 5, { unsupported: SAMPLER_NOT_WIRED });
+S('mirostat_eta', num(0, 10), 0.1, { unsupported: SAMPLER_NOT_WIRED });
+S('top_n_sigma', num(-1, 100), -1, { unsupported: SAMPLER_NOT_WIRED });
 S('ignore_eos', bool, false);
-S('no_perf', bool, false);
-S('timing_per_token', bool, false);
+S('no_perf', bool, false, { unsupported: NO_TIMINGS });
+S('timing_per_token', bool, false, { unsupported: NO_TIMINGS });
 S(
   'samplers',
   list(
@@ -131,14 +142,19 @@ S(
     32,
   ),
   ['penalties', 'dry', 'top_n_sigma', 'top_k', 'typ_p', 'top_p', 'min_p', 'xtc', 'temperature'],
+  { unsupported: SAMPLER_NOT_WIRED },
 );
-S('grammar', str(1 << 20), '');
-S('grammar_lazy', bool, false);
+S('grammar', str(1 << 20), '', { unsupported: SAMPLER_NOT_WIRED });
+S('grammar_lazy', bool, false, {
+  unsupported: 'a lazy grammar needs trigger words or patterns, and the registry has no field for them',
+});
 // Keys are token ids in decimal; JSON maps cannot have integer keys.
-S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {});
-S('reasoning_budget_tokens', int(-1), -1);
-S('reasoning_budget_message', str(), '');
-S('backend_sampling', bool, false);
+S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {}, { unsupported: SAMPLER_NOT_WIRED });
+S('reasoning_budget_tokens', int(-1), -1, { unsupported: 'reasoning budgets are not implemented' });
+S('reasoning_budget_message', str(), '', { unsupported: 'reasoning budgets are not implemented' });
+S('backend_sampling', bool, false, {
+  unsupported: 'the engine chooses on-device sampling itself (on when the output layer sits on a GPU)',
+});
 // LLAMA_DEFAULT_SEED means "random"; coordinators commonly send -1 for that.
 field('seed', 'T1', 'sampler', int(0, 0xffff_ffff), 0xffff_ffff, {
   aliases: ['sampling.seed'],
@@ -151,40 +167,42 @@ const E = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
 E('n_predict', int(-2), -1);
 // The Hydra state transfer chunk (STATE_GET/PUT); the legacy CONFIGURE payload sets it alone.
 E('state_chunk_size', int(64 * KIB, 64 * MIB), 1 * MIB, { clamp: true });
-E('n_keep', int(-1), 0);
-E('antiprompt', list(str(4096), 256), []);
-E('cache_prompt', bool, true);
-E('cache_idle_slots', bool, true);
-E('n_cache_reuse', int(0), 0);
-E('n_ctx_checkpoints', int(0, 1 << 16), 32);
-E('checkpoint_min_step', int(0), 8192);
-E('cache_ram_mib', int(-1), 8192);
-E('slot_prompt_similarity', num(0, 1), 0.1);
-E('cont_batching', bool, true);
-E('ctx_shift', bool, false);
-E('input_prefix', str(), '');
-E('input_suffix', str(), '');
-E('input_prefix_bos', bool, false);
-E('prompt', str(1 << 24), '');
-E('system_prompt', str(1 << 24), '');
-E('api_keys', list(str(1024), 256), []);
-E('chat_template', str(1 << 20), '');
-E('use_jinja', bool, true);
-E('enable_chat_template', bool, true);
-E('force_pure_content_parser', bool, false);
-E('default_template_kwargs', map(str(), 256), {});
-E('reasoning_format', oneOf('none', 'auto', 'deepseek-legacy', 'deepseek'), 'deepseek');
-E('enable_reasoning', int(-1, 1), -1);
-E('prefill_assistant', bool, true);
-E('embedding', bool, false);
-E('embd_normalize', int(-1, 1 << 16), 2);
-E('embd_out', oneOf('', 'array', 'json', 'json+'), '');
-E('embd_sep', str(256), '\n');
-E('cls_sep', str(256), '\t');
-E('timeout_read', int(0), 3600);
-E('timeout_write', int(0), 3600);
-E('sse_ping_interval', int(0), 30);
-E('sleep_idle_seconds', int(-1), -1);
+E('n_keep', int(-1), 0, { unsupported: NOT_SERVED });
+E('antiprompt', list(str(4096), 256), [], { unsupported: NOT_SERVED });
+E('cache_prompt', bool, true, { unsupported: NOT_SERVED });
+E('cache_idle_slots', bool, true, { unsupported: NOT_SERVED });
+E('n_cache_reuse', int(0), 0, { unsupported: NOT_SERVED });
+E('n_ctx_checkpoints', int(0, 1 << 16), 32, { unsupported: NOT_SERVED });
+E('checkpoint_min_step', int(0), 8192, { unsupported: NOT_SERVED });
+E('cache_ram_mib', int(-1), 8192, { unsupported: NOT_SERVED });
+E('slot_prompt_similarity', num(0, 1), 0.1, { unsupported: NOT_SERVED });
+E('cont_batching', bool, true, { unsupported: NOT_SERVED });
+E('ctx_shift', bool, false, { unsupported: NOT_SERVED });
+E('input_prefix', str(), '', { unsupported: NOT_SERVED });
+E('input_suffix', str(), '', { unsupported: NOT_SERVED });
+E('input_prefix_bos', bool, false, { unsupported: NOT_SERVED });
+E('prompt', str(1 << 24), '', { unsupported: NOT_SERVED });
+E('system_prompt', str(1 << 24), '', { unsupported: NOT_SERVED });
+E('api_keys', list(str(1024), 256), [], { unsupported: NOT_SERVED });
+E('chat_template', str(1 << 20), '', { unsupported: NOT_SERVED });
+E('use_jinja', bool, true, { unsupported: NOT_SERVED });
+E('enable_chat_template', bool, true, { unsupported: NOT_SERVED });
+E('force_pure_content_parser', bool, false, { unsupported: NOT_SERVED });
+E('default_template_kwargs', map(str(), 256), {}, { unsupported: NOT_SERVED });
+E('reasoning_format', oneOf('none', 'auto', 'deepseek-legacy', 'deepseek'), 'deepseek', {
+  unsupported: NOT_SERVED,
+});
+E('enable_reasoning', int(-1, 1), -1, { unsupported: NOT_SERVED });
+E('prefill_assistant', bool, true, { unsupported: NOT_SERVED });
+E('embedding', bool, false, { unsupported: NOT_SERVED });
+E('embd_normalize', int(-1, 1 << 16), 2, { unsupported: NOT_SERVED });
+E('embd_out', oneOf('', 'array', 'json', 'json+'), '', { unsupported: NOT_SERVED });
+E('embd_sep', str(256), '\n', { unsupported: NOT_SERVED });
+E('cls_sep', str(256), '\t', { unsupported: NOT_SERVED });
+E('timeout_read', int(0), 3600, { unsupported: NOT_SERVED });
+E('timeout_write', int(0), 3600, { unsupported: NOT_SERVED });
+E('sse_ping_interval', int(0), 30, { unsupported: NOT_SERVED });
+E('sleep_idle_seconds', int(-1), -1, { unsupported: NOT_SERVED });
 // Named in the T1 list but not something this engine can honor: rejected, never ignored.
 E('n_chunks', int(-1), -1, { unsupported: CLI_ONLY });
 E('n_print', int(-1), -1, { unsupported: CLI_ONLY });
@@ -226,13 +244,16 @@ C('n_ctx', int(0), 0);
 C('n_batch', int(1), 2048);
 C('n_ubatch', int(1), 512);
 C('n_parallel', int(1, 4096), 1);
-C('n_sequences', int(1, 4096), 1);
-C('n_outputs_max', int(0), 0);
-C('grp_attn_n', int(1), 1);
-C('grp_attn_w', int(1), 512);
+C('n_sequences', int(1, 4096), 1, {
+  unsupported: 'not a context parameter of the pinned llama.cpp; use n_parallel',
+});
+C('n_outputs_max', int(0), 0, { unsupported: NOT_PASSED });
+C('grp_attn_n', int(1), 1, { unsupported: 'self-extend (group attention) is not implemented' });
+C('grp_attn_w', int(1), 512, { unsupported: 'self-extend (group attention) is not implemented' });
 C('rope_freq_base', num(0, 1e12), 0);
 C('rope_freq_scale', num(0, 1e6), 0);
-C('rope_scaling_type', oneOf('unspecified', 'none', 'linear', 'yarn', 'longrope'), 'unspecified', {
+// 'longrope' is left out: the native binding has no mapping for it.
+C('rope_scaling_type', oneOf('unspecified', 'none', 'linear', 'yarn'), 'unspecified', {
   aliases: ['rope_scaling'],
 });
 C('yarn_ext_factor', num(-1, 1e6), -1);
@@ -241,9 +262,13 @@ C('yarn_beta_fast', num(-1, 1e6), -1);
 C('yarn_beta_slow', num(-1, 1e6), -1);
 C('yarn_orig_ctx', int(0), 0);
 C('pooling_type', oneOf('unspecified', 'none', 'mean', 'cls', 'last', 'rank'), 'unspecified', {
+  unsupported: NOT_PASSED,
   aliases: ['pooling'],
 });
-C('attention_type', oneOf('unspecified', 'causal', 'non_causal'), 'unspecified', { aliases: ['attention'] });
+C('attention_type', oneOf('unspecified', 'causal', 'non_causal'), 'unspecified', {
+  unsupported: NOT_PASSED,
+  aliases: ['attention'],
+});
 C('flash_attn', oneOf('on', 'off', 'auto'), 'auto', {
   aliases: ['flash_attn_type'],
   coerce: (v) => (v === true ? 'on' : v === false ? 'off' : v),
@@ -252,19 +277,23 @@ C('cache_type_k', oneOf(...KV_TYPES), 'f16');
 C('cache_type_v', oneOf(...KV_TYPES), 'f16');
 C('kv_unified', bool, false);
 C('swa_full', bool, false);
-C('no_perf', bool, false);
+C('no_perf', bool, false, { unsupported: NO_TIMINGS });
 C('no_kv_offload', bool, false);
 C('no_op_offload', bool, false);
-C('no_extra_bufts', bool, false);
-C('no_host', bool, false);
-C('numa', oneOf('disabled', 'distribute', 'isolate', 'numactl', 'mirror'), 'disabled');
+C('no_extra_bufts', bool, false, { unsupported: NOT_PASSED });
+C('no_host', bool, false, { unsupported: NOT_PASSED });
+C('numa', oneOf('disabled', 'distribute', 'isolate', 'numactl', 'mirror'), 'disabled', {
+  unsupported: 'NUMA placement is not implemented',
+});
 for (const group of ['cpuparams', 'cpuparams_batch']) {
   const alias = group === 'cpuparams' ? 'n_threads' : 'n_threads_batch';
   C(`${group}.n_threads`, int(-1, 4096), -1, { aliases: [alias] });
-  C(`${group}.cpumask`, str(1024, /^(0x)?[0-9a-fA-F]*$/), '');
-  C(`${group}.priority`, oneOf('normal', 'medium', 'high', 'realtime'), 'normal');
-  C(`${group}.strict_cpu`, bool, false);
-  C(`${group}.poll`, int(0, 100), 50);
+  C(`${group}.cpumask`, str(1024, /^(0x)?[0-9a-fA-F]*$/), '', { unsupported: NO_THREADPOOL });
+  C(`${group}.priority`, oneOf('normal', 'medium', 'high', 'realtime'), 'normal', {
+    unsupported: NO_THREADPOOL,
+  });
+  C(`${group}.strict_cpu`, bool, false, { unsupported: NO_THREADPOOL });
+  C(`${group}.poll`, int(0, 100), 50, { unsupported: NO_THREADPOOL });
 }
 C('cb_eval', str(0), '', { unsupported: NO_CALLBACK });
 C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
@@ -288,17 +317,26 @@ C(
     16,
   ),
   ['none'],
-  { aliases: ['speculative.type'] },
+  { unsupported: NO_SPECULATIVE, aliases: ['speculative.type'] },
 );
-C('speculative.n_max', int(0, 1024), 3, { aliases: ['speculative.draft.n_max'] });
-C('speculative.n_min', int(0, 1024), 0, { aliases: ['speculative.draft.n_min'] });
-C('speculative.p_split', num(0, 1), 0.1, { aliases: ['speculative.draft.p_split'] });
-C('speculative.p_min', num(0, 1), 0, { aliases: ['speculative.draft.p_min'] });
-C('speculative.ngram_size_n', int(1, 1024), 12);
-C('speculative.ngram_size_m', int(1, 1024), 48);
-C('speculative.ngram_min_hits', int(1, 65_535), 1);
-C('speculative.lookup_cache_static', str(4096), '');
-C('speculative.lookup_cache_dynamic', str(4096), '');
+C('speculative.n_max', int(0, 1024), 3, {
+  unsupported: NO_SPECULATIVE,
+  aliases: ['speculative.draft.n_max'],
+});
+C('speculative.n_min', int(0, 1024), 0, {
+  unsupported: NO_SPECULATIVE,
+  aliases: ['speculative.draft.n_min'],
+});
+C('speculative.p_split', num(0, 1), 0.1, {
+  unsupported: NO_SPECULATIVE,
+  aliases: ['speculative.draft.p_split'],
+});
+C('speculative.p_min', num(0, 1), 0, { unsupported: NO_SPECULATIVE, aliases: ['speculative.draft.p_min'] });
+C('speculative.ngram_size_n', int(1, 1024), 12, { unsupported: NO_SPECULATIVE });
+C('speculative.ngram_size_m', int(1, 1024), 48, { unsupported: NO_SPECULATIVE });
+C('speculative.ngram_min_hits', int(1, 65_535), 1, { unsupported: NO_SPECULATIVE });
+C('speculative.lookup_cache_static', str(4096), '', { unsupported: NO_SPECULATIVE });
+C('speculative.lookup_cache_dynamic', str(4096), '', { unsupported: NO_SPECULATIVE });
 
 // ---------------------------------------------------------------- T3: model
 const M = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
@@ -308,13 +346,14 @@ M('model', str(4096), '', { aliases: ['model.path'] });
 M('n_gpu_layers', int(-2), -1, { aliases: ['ngl'] });
 M('main_gpu', int(0, 127), 0);
 M('tensor_split', list(num(0, 1e9), 128), []);
-M('split_mode', oneOf('none', 'layer', 'row', 'tensor'), 'layer');
+// The pinned llama.cpp also has 'tensor'; the native binding loads none/layer/row only.
+M('split_mode', oneOf('none', 'layer', 'row'), 'layer');
 M('devices', list(str(256), 128), []);
 M('use_mmap', bool, true);
-M('use_direct_io', bool, false);
+M('use_direct_io', bool, false, { unsupported: NOT_PASSED });
 M('use_mlock', bool, false);
 M('check_tensors', bool, false);
-M('no_alloc', bool, false);
+M('no_alloc', bool, false, { unsupported: 'a metadata-only load cannot serve requests' });
 // "KEY=TYPE:VALUE" as in --override-kv.
 M('kv_overrides', list(str(4096, /^[^=]+=(int|float|bool|str):.*$/s), 1024), []);
 // "<regex>=<buffer type>" as in --override-tensor; the regex is checked when validated.
@@ -324,9 +363,13 @@ M('override_tensors', list(str(4096, /^.+=[^=]+$/s), 1024), [], {
 M('rpc_servers', list(str(300, HOST_PORT), 64), []);
 M('n_cpu_moe', int(0), 0);
 M('speculative.model', str(4096), '', {
+  unsupported: NO_SPECULATIVE,
   aliases: ['speculative.draft.model', 'speculative.draft.mparams.path'],
 });
-M('speculative.n_gpu_layers', int(-2), -1, { aliases: ['speculative.draft.n_gpu_layers'] });
+M('speculative.n_gpu_layers', int(-2), -1, {
+  unsupported: NO_SPECULATIVE,
+  aliases: ['speculative.draft.n_gpu_layers'],
+});
 M('mmproj', str(4096), '', { unsupported: NO_MULTIMODAL, aliases: ['mmproj.path'] });
 M('lora_init_without_apply', bool, false, { unsupported: NO_ADAPTERS });
 M('lora_adapters', list(str(4096)), [], { unsupported: NO_ADAPTERS });

@@ -87,9 +87,9 @@ describe('ConfigLayers', () => {
   });
 
   it('does not let callers mutate its layers through returned values', () => {
-    const layers = new ConfigLayers({ antiprompt: ['a'] });
-    (layers.get('antiprompt') as string[]).push('b');
-    (layers.effective().antiprompt as string[]).push('c');
-    expect(layers.get('antiprompt')).toEqual(['a']);
+    const layers = new ConfigLayers({ devices: ['a'] });
+    (layers.get('devices') as string[]).push('b');
+    (layers.effective().devices as string[]).push('c');
+    expect(layers.get('devices')).toEqual(['a']);
   });
 });

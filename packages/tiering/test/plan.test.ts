@@ -37,7 +37,6 @@ describe('plan', () => {
       sampling: { temp: 0.5, top_p: 0.9, top_k: 40, min_p: 0.05, penalty_repeat: 1.1 },
       seed: 42,
       n_predict: 500,
-      antiprompt: ['\nUser:'],
       state_chunk_size: 2097152,
       n_ctx: 65536,
       cache_type_k: 'q8_0',
@@ -104,8 +103,10 @@ describe('plan', () => {
     });
     expect(normalize({ model: { path: '/m.gguf' } })).toEqual({ model: '/m.gguf' });
     expect(normalize({ n_threads: 4 })).toEqual({ 'cpuparams.n_threads': 4 });
-    expect(normalize({ speculative: { draft: { model: 'd.gguf' } } })).toEqual({
-      'speculative.model': 'd.gguf',
+    // Refused (no speculative decoding), under the alias it was sent as.
+    expect(rejection(() => normalize({ speculative: { draft: { model: 'd.gguf' } } }))).toMatchObject({
+      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
+      keys: ['speculative.draft.model'],
     });
     expect(normalize({ seed: 3, sampling: { seed: 3 } })).toEqual({ seed: 3 });
   });
@@ -160,13 +161,14 @@ describe('plan', () => {
       ['cache_type_v', 'q2_k'],
       ['tensor_split', [1, -1]],
       ['tensor_split', new Array(129).fill(1)],
-      ['sampling.logit_bias', { abc: 1 }],
       ['sampling.top_p', 1.5],
       ['sampling.temp', Number.NaN],
       ['n_gpu_layers', 1.5],
       ['devices', 'CUDA0'],
       ['use_mmap', 'true'],
-      ['antiprompt', [1]],
+      ['override_tensors', [1]],
+      ['split_mode', 'tensor'],
+      ['rope_scaling_type', 'longrope'],
       ['model', null],
     ];
     for (const [key, value] of cases) {
@@ -185,11 +187,11 @@ describe('plan', () => {
 
   it('shares no objects with its inputs', () => {
     const applied = defaults();
-    const delta = { antiprompt: ['a'], tensor_split: [1, 2] };
+    const delta = { override_tensors: ['a=CPU'], tensor_split: [1, 2] };
     const r = plan(applied, delta);
-    delta.antiprompt.push('b');
+    delta.override_tensors.push('b=CPU');
     (r.next.tensor_split as number[]).push(3);
-    expect(r.paramsApplied.antiprompt).toEqual(['a']);
+    expect(r.paramsApplied.override_tensors).toEqual(['a=CPU']);
     expect(applied.tensor_split).toEqual([]);
     expect(r.changes.find((c) => c.key === 'tensor_split')!.to).toEqual([1, 2]);
   });

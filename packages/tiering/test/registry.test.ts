@@ -1,5 +1,6 @@
+import type { HydraError } from '@hydra-engine/errors';
 import { describe, expect, it } from 'vitest';
-import { defaults, FIELDS, fieldFor, type Tier } from '../src/index.js';
+import { defaults, FIELDS, fieldFor, plan, type Tier } from '../src/index.js';
 
 // The tier lists, verbatim, from ../shared/seeds/000_a4200a3344a1aa2a.txt ("Q1") and the tier table
 // of ../shared/seeds/001_c6a360b2ea89da50.txt. The test parses these lines, so a name that drifts
@@ -146,7 +147,7 @@ describe('registry entries', () => {
     const sc = fieldFor('state_chunk_size')!;
     expect(sc.type).toMatchObject({ kind: 'int', min: 64 * 1024, max: 64 * 1024 * 1024 });
     expect(sc.clamp).toBe(true);
-    expect(fieldFor('split_mode')!.type).toMatchObject({ values: ['none', 'layer', 'row', 'tensor'] });
+    expect(fieldFor('split_mode')!.type).toMatchObject({ values: ['none', 'layer', 'row'] });
     expect(fieldFor('cache_type_k')!.type).toMatchObject({
       values: ['f32', 'f16', 'bf16', 'q8_0', 'q4_0', 'q4_1', 'iq4_nl', 'q5_0', 'q5_1'],
     });
@@ -161,7 +162,31 @@ describe('registry entries', () => {
     expect(d['sampling.temp']).toBe(0.8);
     expect(d.n_batch).toBe(2048);
     expect(d.split_mode).toBe('layer');
-    d.antiprompt = ['x'];
-    expect(defaults().antiprompt).toEqual([]);
+    expect(d.antiprompt).toBeUndefined(); // refused: not implemented by the engine
+    d.devices = ['x'];
+    expect(defaults().devices).toEqual([]);
+  });
+});
+
+describe('fields the engine cannot honor', () => {
+  const refused = FIELDS.filter((f) => f.tier !== 'T4' && f.unsupported !== undefined);
+
+  it.each(refused.map((f) => [f.key, f]))('%s is refused whole, by name, in every spelling', (_, f) => {
+    for (const name of [f.key, ...f.aliases]) {
+      let err: HydraError | undefined;
+      try {
+        plan(defaults(), { 'sampling.temp': 0.5, [name]: structuredClone(f.default) });
+      } catch (e) {
+        err = e as HydraError;
+      }
+      expect(err?.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+      expect(err?.keys).toEqual([name]);
+    }
+  });
+
+  it('refuses every speculative.* field, the draft model included', () => {
+    const spec = FIELDS.filter((f) => f.key.startsWith('speculative.'));
+    expect(spec.length).toBeGreaterThan(10);
+    expect(spec.filter((f) => f.unsupported === undefined)).toEqual([]);
   });
 });

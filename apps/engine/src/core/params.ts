@@ -29,7 +29,7 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
   return withoutDefaults({
     path,
     nGpuLayers: ngl === -1 ? undefined : ngl,
-    splitMode: cfg.split_mode === 'tensor' ? 'layer' : (cfg.split_mode as 'none' | 'layer' | 'row'),
+    splitMode: cfg.split_mode as 'none' | 'layer' | 'row',
     mainGpu: cfg.main_gpu as number,
     tensorSplit: split.length > 0 ? split : undefined,
     devices: devices.length > 0 ? devices : undefined,
@@ -58,6 +58,11 @@ export function contextParamsFrom(cfg: Params): ContextParams {
     ropeFreqBase: positive(cfg.rope_freq_base),
     ropeFreqScale: positive(cfg.rope_freq_scale),
     ropeScalingType: rope === 'none' || rope === 'linear' || rope === 'yarn' ? rope : undefined,
+    // -1 is llama.cpp's own "from the model" for each factor, so they pass through unchanged.
+    yarnExtFactor: cfg.yarn_ext_factor as number,
+    yarnAttnFactor: cfg.yarn_attn_factor as number,
+    yarnBetaFast: cfg.yarn_beta_fast as number,
+    yarnBetaSlow: cfg.yarn_beta_slow as number,
     yarnOrigCtx: positive(cfg.yarn_orig_ctx),
     offloadKqv: !(cfg.no_kv_offload as boolean),
     opOffload: !(cfg.no_op_offload as boolean),
