@@ -144,7 +144,13 @@ const toolsDir =
     existsSync(join(d, 'llama-server')),
   );
 const toolPath = (name) => (toolsDir && existsSync(join(toolsDir, name)) ? join(toolsDir, name) : undefined);
-const addon = process.env.HYDRA_NATIVE_ADDON ?? toolPath('hydra_ggml.node');
+// The bundled engine cannot find the addon from benchmarks/dist/gpu/ by itself.
+const addon =
+  process.env.HYDRA_NATIVE_ADDON ??
+  toolPath('hydra_ggml.node') ??
+  [join(nativeDir, 'build-cuda/bin/hydra_ggml.node'), join(nativeDir, 'build/bin/hydra_ggml.node')].find(
+    (p) => existsSync(p),
+  );
 const engineCli = [
   join(here, 'cli.cjs'),
   join(root, 'benchmarks/dist/gpu/cli.cjs'),
