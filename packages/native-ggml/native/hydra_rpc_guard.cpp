@@ -875,6 +875,13 @@ private:
         if (size < SET_TENSOR_HEAD) {
             throw refuse{fmt("SET_TENSOR of %" PRIu64 " bytes, shorter than its header", size)};
         }
+        uint64_t largest = 0;
+        for (const auto & b : buffers) {
+            largest = std::max(largest, b.size);
+        }
+        if (size - SET_TENSOR_HEAD > largest) {
+            throw refuse{fmt("SET_TENSOR of %" PRIu64 " bytes, larger than any live buffer", size)};
+        }
         need(9 + SET_TENSOR_HEAD, wait::mid);
         rpc_tensor w;
         uint64_t offset;
@@ -916,22 +923,23 @@ private:
         if (size < 12 || size > L.max_message_bytes) {
             throw refuse{fmt("GRAPH_COMPUTE of %" PRIu64 " bytes (limit %" PRIu64 ")", size, L.max_message_bytes)};
         }
-        // the whole graph is needed before any of it can be judged
-        gmsg.resize(9 + size);
-        uint64_t have = 0;
-        while (have < 9 + size) {
-            if (avail() == 0) {
-                read_more(wait::mid);
+        // The whole graph is needed before any of it can be judged; it is taken as it arrives (and
+        // its counts checked as soon as they are in), so a size claim alone holds no memory.
+        gmsg.clear();
+        auto take = [&](uint64_t upto) {
+            while (gmsg.size() < upto) {
+                if (avail() == 0) {
+                    read_more(wait::mid);
+                }
+                size_t m = (size_t) std::min<uint64_t>(avail(), upto - gmsg.size());
+                gmsg.insert(gmsg.end(), rbuf.data() + rpos, rbuf.data() + rpos + m);
+                rpos += m;
             }
-            size_t m = (size_t) std::min<uint64_t>(avail(), 9 + size - have);
-            memcpy(gmsg.data() + have, rbuf.data() + rpos, m);
-            rpos += m;
-            have += m;
-        }
-        const uint8_t * p = gmsg.data() + 9;
+        };
+        take(9 + 8);
         uint32_t device, n_nodes, n_tensors;
-        memcpy(&device, p, 4);
-        memcpy(&n_nodes, p + 4, 4);
+        memcpy(&device, gmsg.data() + 9, 4);
+        memcpy(&n_nodes, gmsg.data() + 13, 4);
         device_arg(device);
         if (n_nodes > L.max_graph_nodes) {
             throw refuse{fmt("GRAPH_COMPUTE of %u nodes (limit %u)", n_nodes, L.max_graph_nodes)};
@@ -939,13 +947,16 @@ private:
         if (size < 12 + 8ull * n_nodes) {
             throw refuse{fmt("GRAPH_COMPUTE: %u nodes do not fit in %" PRIu64 " bytes", n_nodes, size)};
         }
-        memcpy(&n_tensors, p + 8 + 8ull * n_nodes, 4);
+        take(9 + 12 + 8ull * n_nodes);
+        memcpy(&n_tensors, gmsg.data() + 9 + 8 + 8ull * n_nodes, 4);
         if (n_tensors > L.max_graph_tensors) {
             throw refuse{fmt("GRAPH_COMPUTE of %u tensors (limit %u)", n_tensors, L.max_graph_tensors)};
         }
         if (size != 12 + 8ull * n_nodes + (uint64_t) n_tensors * sizeof(rpc_tensor)) {
             throw refuse{fmt("GRAPH_COMPUTE: %u nodes and %u tensors in %" PRIu64 " bytes", n_nodes, n_tensors, size)};
         }
+        take(9 + size);
+        const uint8_t * p = gmsg.data() + 9;
         const uint8_t * node_ids = p + 8;
         const rpc_tensor * wt = (const rpc_tensor *) (p + 12 + 8ull * n_nodes);  // gmsg is 8-aligned + 21: read by memcpy below
 
@@ -1034,10 +1045,11 @@ private:
         return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE || op == GGML_OP_TRANSPOSE;
     }
 
-    // Upstream builds the graph by recursing over src and view_src: bound the longest such chain
-    // (and refuse cycles) with an explicit stack, never recursion on wire data.
+    // Upstream builds the graph by recursing over src and view_src from each node: bound the
+    // longest such chain (and refuse cycles) with an explicit stack, never recursion on wire data.
     void depth_check(uint32_t n) {
         color.assign(n, 0);
+        depth.assign(n, 0);
         for (uint32_t root = 0; root < n; root++) {
             if (color[root] != 0) {
                 continue;
@@ -1049,6 +1061,18 @@ private:
                 auto & top = stack.back();
                 const ggml_tensor * t = &tens[top.first];
                 if (top.second > GGML_MAX_SRC) {
+                    // post-order: every source is done, so its chain length is known
+                    uint32_t d = 1;
+                    for (int j = 0; j <= GGML_MAX_SRC; j++) {
+                        const ggml_tensor * s = j < GGML_MAX_SRC ? t->src[j] : t->view_src;
+                        if (s != nullptr) {
+                            d = std::max(d, depth[(uint32_t) (s - tens.data())] + 1);
+                        }
+                    }
+                    if (d > L.max_graph_depth) {
+                        throw refuse{fmt("GRAPH_COMPUTE: sources nest deeper than %u", L.max_graph_depth)};
+                    }
+                    depth[top.first] = d;
                     color[top.first] = 2;
                     stack.pop_back();
                     continue;
@@ -1063,9 +1087,6 @@ private:
                     throw refuse{"GRAPH_COMPUTE: a cycle of tensor sources"};
                 }
                 if (color[k] == 0) {
-                    if (stack.size() >= L.max_graph_depth) {
-                        throw refuse{fmt("GRAPH_COMPUTE: sources nest deeper than %u", L.max_graph_depth)};
-                    }
                     color[k] = 1;
                     stack.push_back({k, 0});
                 }
@@ -1095,6 +1116,7 @@ private:
     std::vector<ggml_tensor> tens;
     std::vector<uint64_t> used;
     std::vector<uint8_t> color;
+    std::vector<uint32_t> depth;
     std::vector<std::pair<uint32_t, uint32_t>> stack;
 
 

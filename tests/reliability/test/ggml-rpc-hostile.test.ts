@@ -1,8 +1,12 @@
+import { execFile } from 'node:child_process';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
   completion,
   type EngineProcess,
   metrics,
+  REPO,
   rssBytes,
   sleep,
   spawnEngine,
@@ -11,12 +15,19 @@ import {
 import { recordFigures } from './lib/figures.js';
 import {
   CMD,
+  GGML_TENSOR_FLAG_COMPUTE as COMPUTE,
   command,
   encodeTensor,
   f32Tensor,
+  GGML_OP_ADD,
+  GGML_OP_CUSTOM,
+  GGML_OP_SET_ROWS,
+  GGML_TYPE_I64,
+  graphCompute,
   RPC_TENSOR_BYTES,
   RpcConn,
   type RpcTensor,
+  startGuardedServer,
   u32,
   u64,
 } from './lib/ggml-rpc.js';
@@ -24,17 +35,16 @@ import {
 /**
  * Hostile ggml-RPC input through the merged port, modelled on the pinned upstream wire structs and
  * the published llama.cpp RPC advisories (out-of-bounds tensor data/offset in SET/GET/COPY_TENSOR,
- * bogus buffer ids, huge ne/nb, graphs with bad node ids, oversized sizes, truncated commands).
+ * bogus buffer ids, huge ne/nb, graphs with bad node ids, oversized sizes, truncated commands), and
+ * the six crash classes of issue 18 (node id 0, GGML_OP_CUSTOM, ADD of mismatched shapes, SET_ROWS
+ * past its buffer, recompute after free, a deep source chain), each of which killed the engine at
+ * 47a84fe. native-ggml's guard (hydra_rpc_guard.cpp) now refuses every one before upstream reads it.
  *
  * Each case runs on a fresh connection after HELLO, with one 4 KiB buffer allocated. The outcome
  * must be what the case expects (the session closes, or a reply of the right size), and then the
- * engine must still be alive, serve a normal ggml-RPC session and an HTTP completion.
- *
- * Cases in KNOWN_ABORTS are findings: upstream's rpc_server answers them with GGML_ASSERT/abort (or
- * an uncaught C++ exception), and because the engine serves ggml-RPC in a worker thread of its own
- * process, the abort takes HTTP down with it. They run each on their own engine and are
- * pinned: the test asserts the abort, so the day the engine survives one it fails and the case
- * moves to SAFE.
+ * engine must still be alive and serve a ggml-RPC session that computes a graph (ADD) correctly,
+ * and an HTTP completion. At the end a stock llama.cpp client computes the tiny model's logits on
+ * the engine and gets what it computes locally.
  */
 
 interface Ctx {
@@ -60,17 +70,19 @@ const setTensor = (tensor: RpcTensor, offset: bigint, data: Buffer) =>
   command(CMD.SET_TENSOR, Buffer.concat([encodeTensor(tensor), u64(offset), data]));
 const getTensor = (tensor: RpcTensor, offset: bigint, size: bigint) =>
   command(CMD.GET_TENSOR, Buffer.concat([encodeTensor(tensor), u64(offset), u64(size)]));
-const graph = (device: number, nodes: bigint[], tensors: RpcTensor[], nNodes = nodes.length) =>
-  command(
-    CMD.GRAPH_COMPUTE,
-    Buffer.concat([
-      u32(device),
-      u32(nNodes),
-      ...nodes.map(u64),
-      u32(tensors.length),
-      ...tensors.map(encodeTensor),
-    ]),
-  );
+const graph = graphCompute;
+/** c = a + b over three 16-float tensors at base, base + 64 and base + 128. */
+const addGraph = (ctx: Ctx) => {
+  const a = f32Tensor(1n, ctx.buf, ctx.base, 16);
+  const b = f32Tensor(2n, ctx.buf, ctx.base + 64n, 16);
+  const c = {
+    ...f32Tensor(3n, ctx.buf, ctx.base + 128n, 16),
+    op: GGML_OP_ADD,
+    src: [1n, 2n],
+    flags: COMPUTE,
+  };
+  return { a, b, c, bytes: graph(0, [3n], [a, b, c]) };
+};
 
 /** The case sends `bytes` and the server must close the session. */
 const closeAfter =
@@ -247,12 +259,33 @@ const SAFE: Case[] = [
     },
   },
   {
-    name: 'INIT_TENSOR with a bogus buffer id (logged, session continues)',
-    send: (ctx) => {
-      ctx.conn.write(command(CMD.INIT_TENSOR, encodeTensor(t({ buffer: 0x77n }, ctx))));
-      ctx.conn.write(command(CMD.DEVICE_COUNT));
-      return { replyBytes: 4 };
-    },
+    name: 'INIT_TENSOR with a bogus buffer id',
+    send: closeAfter((ctx) => command(CMD.INIT_TENSOR, encodeTensor(t({ buffer: 0x77n }, ctx)))),
+  },
+  {
+    name: 'ALLOC_BUFFER of 0 bytes (a stock client never sends one)',
+    send: closeAfter(() => command(CMD.ALLOC_BUFFER, Buffer.concat([u32(0), u64(0n)]))),
+  },
+  {
+    name: 'GRAPH_COMPUTE whose tensor sits in a bogus buffer',
+    send: closeAfter((ctx) => graph(0, [1n], [t({ id: 1n, buffer: 0x5151n }, ctx)])),
+  },
+  {
+    name: 'GRAPH_COMPUTE with two tensors of one id',
+    send: closeAfter((ctx) => graph(0, [1n], [t({ id: 1n }, ctx), t({ id: 1n }, ctx)])),
+  },
+  {
+    name: 'GRAPH_COMPUTE with a cycle of sources',
+    send: closeAfter((ctx) =>
+      graph(
+        0,
+        [1n],
+        [
+          t({ id: 1n, op: GGML_OP_ADD, src: [2n, 2n] }, ctx),
+          t({ id: 2n, op: GGML_OP_ADD, src: [1n, 1n] }, ctx),
+        ],
+      ),
+    ),
   },
   {
     name: 'SET_TENSOR_HASH of an unknown hash (no cache dir: result 0)',
@@ -267,8 +300,8 @@ const SAFE: Case[] = [
 
 /**
  * Inputs on which upstream's rpc_server asserts (GGML_ASSERT/abort) or throws an uncaught
- * std::length_error. They aborted the whole engine until native-ggml turned an abort on a serving
- * thread into an exception that ends that session alone (hydra_combine.cpp, hydra_rpc_serve.cpp).
+ * std::length_error. An abort hook first turned those into exceptions that end the session; the
+ * guard now refuses them before upstream reads them.
  */
 const UPSTREAM_ASSERTS: Case[] = [
   {
@@ -306,12 +339,95 @@ const UPSTREAM_ASSERTS: Case[] = [
   },
 ];
 
+/** Issue 18's six classes: each killed (or corrupted) the engine at 47a84fe. */
+const ISSUE_18: Case[] = [
+  {
+    name: 'GRAPH_COMPUTE whose node id is 0 (SIGSEGV, upstream #25299)',
+    send: closeAfter((ctx) => graph(0, [0n], [t({ id: 1n }, ctx)])),
+  },
+  {
+    name: 'a GGML_OP_CUSTOM node with a function pointer from the wire (#25289)',
+    send: closeAfter((ctx) => {
+      const fn = [0x41414140, 0x4141, 0x41414140, 0x4141, 1, 0, 0, 0];
+      return graph(
+        0,
+        [2n],
+        [t({ id: 1n }, ctx), t({ id: 2n, op: GGML_OP_CUSTOM, opParams: fn, src: [1n], flags: COMPUTE }, ctx)],
+      );
+    }),
+  },
+  {
+    name: 'ADD of mismatched shapes (an assert in a compute thread: SIGABRT)',
+    send: closeAfter((ctx) => {
+      const a = t({ id: 1n }, ctx);
+      const b = { ...f32Tensor(2n, ctx.buf, ctx.base + 64n, 5), name: 'b' };
+      const c = {
+        ...f32Tensor(3n, ctx.buf, ctx.base + 128n, 16),
+        op: GGML_OP_ADD,
+        src: [1n, 2n],
+        flags: COMPUTE,
+      };
+      return graph(0, [3n], [a, b, c]);
+    }),
+  },
+  {
+    name: 'SET_ROWS whose rows outnumber its destination (writes past the buffer, #26912)',
+    send: closeAfter((ctx) => {
+      // 64 planes of 4 floats go to a one-plane destination at the buffer's end, 4 KiB apart
+      const rows: RpcTensor = {
+        ...f32Tensor(1n, ctx.buf, ctx.base, 4),
+        ne: [4, 1, 64, 1],
+        nb: [4, 16, 16, 1024],
+      };
+      const ids: RpcTensor = {
+        ...f32Tensor(2n, ctx.buf, ctx.base + 2048n, 1),
+        type: GGML_TYPE_I64,
+        nb: [8, 8, 8, 8],
+      };
+      const dst: RpcTensor = {
+        ...f32Tensor(3n, ctx.buf, ctx.base + 4096n - 16n, 4),
+        nb: [4, 16, 4096, 4096],
+        op: GGML_OP_SET_ROWS,
+        src: [1n, 2n],
+        flags: COMPUTE,
+      };
+      return graph(0, [3n], [rows, ids, dst]);
+    }),
+  },
+  {
+    name: 'GRAPH_COMPUTE, FREE_BUFFER, GRAPH_RECOMPUTE (use after free, GHSA-2phh-px2f-2qmx)',
+    send: (ctx) => {
+      ctx.conn.write(addGraph(ctx).bytes);
+      ctx.conn.write(command(CMD.FREE_BUFFER, u64(ctx.buf)));
+      ctx.conn.write(command(CMD.GRAPH_RECOMPUTE, u32(0)));
+      return 'close';
+    },
+  },
+  {
+    name: 'a chain of 60,000 tensor sources (recursion: the engine died at ~52k)',
+    send: closeAfter((ctx) => {
+      const n = 60_000;
+      const tensors: RpcTensor[] = [];
+      for (let i = 1; i <= n; i++)
+        tensors.push(t({ id: BigInt(i), src: i > 1 ? [BigInt(i - 1)] : [], name: '' }, ctx));
+      return graph(0, [BigInt(n)], tensors);
+    }),
+  },
+];
+
 let model: string;
 let shared: EngineProcess | undefined;
-const figures = {
+const figures: Record<string, unknown> & {
+  rpcSessions: number;
+  safeCases: number;
+  issue18Survived: number;
+  upstreamAssertsSurvived: number;
+} = {
   safeCases: 0,
   upstreamAssertCases: UPSTREAM_ASSERTS.length,
   upstreamAssertsSurvived: 0,
+  issue18Cases: ISSUE_18.length,
+  issue18Survived: 0,
   rpcSessions: 0,
 };
 
@@ -322,22 +438,52 @@ async function engine(): Promise<EngineProcess> {
   return shared;
 }
 
-async function open(eng: EngineProcess): Promise<Ctx> {
-  const conn = await RpcConn.open(eng.rpcPort!);
+async function open(eng: EngineProcess | number): Promise<Ctx> {
+  const conn = await RpcConn.open(typeof eng === 'number' ? eng : eng.rpcPort!);
   await conn.hello();
   const { ptr, size } = await conn.alloc(4096n);
   expect(ptr).not.toBe(0n);
   return { conn, buf: ptr, base: await conn.base(ptr), size };
 }
 
-/** A well-behaved session: set 64 bytes, read them back. */
-async function normalSession(eng: EngineProcess): Promise<void> {
+const floats = (f: (i: number) => number) => Buffer.from(new Float32Array(16).map((_, i) => f(i)).buffer);
+
+/** A well-behaved session: set two tensors, compute their sum on the engine, read it back. */
+async function normalSession(eng: EngineProcess | number): Promise<void> {
   const ctx = await open(eng);
-  const data = Buffer.from(Array.from({ length: 64 }, (_, i) => i));
-  ctx.conn.write(setTensor(f32Tensor(1n, ctx.buf, ctx.base, 16), 0n, data));
-  ctx.conn.write(getTensor(f32Tensor(1n, ctx.buf, ctx.base, 16), 0n, 64n));
-  expect(await ctx.conn.reply()).toEqual(data);
-  ctx.conn.destroy();
+  try {
+    const g = addGraph(ctx);
+    ctx.conn.write(
+      setTensor(
+        g.a,
+        0n,
+        floats((i) => i),
+      ),
+    );
+    ctx.conn.write(
+      setTensor(
+        g.b,
+        0n,
+        floats((i) => 0.5 * i + 1),
+      ),
+    );
+    ctx.conn.write(g.bytes);
+    ctx.conn.write(getTensor(g.c, 0n, 64n));
+    expect(await ctx.conn.reply()).toEqual(floats((i) => 1.5 * i + 1));
+    // the stored graph runs again on new inputs
+    ctx.conn.write(
+      setTensor(
+        g.a,
+        0n,
+        floats(() => 2),
+      ),
+    );
+    ctx.conn.write(command(CMD.GRAPH_RECOMPUTE, u32(0)));
+    ctx.conn.write(getTensor(g.c, 0n, 64n));
+    expect(await ctx.conn.reply()).toEqual(floats((i) => 0.5 * i + 3));
+  } finally {
+    ctx.conn.destroy();
+  }
 }
 
 async function runCase(eng: EngineProcess, c: Case): Promise<void> {
@@ -369,6 +515,30 @@ afterAll(async () => {
   recordFigures('ggml-rpc-hostile', figures);
 });
 
+const run = promisify(execFile);
+
+/** The tiny model's logits after a prompt from a stock llama.cpp client: locally, or on a peer. */
+async function stockClient(endpoint?: string): Promise<{ logits: number[]; generated: number[] }> {
+  const fixture = join(REPO, 'packages/native-ggml/test-native/fixtures/rpc-client.mjs');
+  const args = [fixture, model, 'Hello world, this is a test', ...(endpoint ? [endpoint, '99'] : [])];
+  const { stdout } = await run(process.execPath, args, { timeout: 120_000 });
+  return JSON.parse(stdout.trim().split('\n').at(-1)!) as { logits: number[]; generated: number[] };
+}
+
+/** Grows RSS would show within `ms` after `send`, the connection closed after. */
+async function rssGrowth(eng: EngineProcess, send: (ctx: Ctx) => void, ms = 1500): Promise<number> {
+  const ctx = await open(eng);
+  const before = rssBytes(eng.pid);
+  send(ctx);
+  let peak = before;
+  for (let waited = 0; waited < ms; waited += 100) {
+    await sleep(100);
+    peak = Math.max(peak, rssBytes(eng.pid));
+  }
+  ctx.conn.destroy();
+  return peak - before;
+}
+
 describe('ggml-RPC hostile input through the merged port', () => {
   for (const c of SAFE) {
     it(`survives: ${c.name}`, async () => {
@@ -377,28 +547,12 @@ describe('ggml-RPC hostile input through the merged port', () => {
     });
   }
 
-  it('FINDING (memory amplification, pinned): a 256 MiB size claim is zero-filled before a byte arrives, freed at close', async () => {
-    const eng = await engine();
-    const before = rssBytes(eng.pid);
-    const ctx = await open(eng);
-    ctx.conn.write(command(CMD.SET_TENSOR, Buffer.alloc(0), 256n << 20n));
-    // The zero-fill takes a while on a loaded machine: watch RSS for up to 5 s.
-    let during = rssBytes(eng.pid);
-    for (let waited = 0; during - before <= 200 * 2 ** 20 && waited < 5000; waited += 100) {
-      await sleep(100);
-      during = Math.max(during, rssBytes(eng.pid));
-    }
-    ctx.conn.destroy();
-    await sleep(500);
-    const after = rssBytes(eng.pid);
-    Object.assign(figures, {
-      sizeClaimRssMiB: { before: before / 2 ** 20, during: during / 2 ** 20, after: after / 2 ** 20 },
+  for (const c of ISSUE_18) {
+    it(`survives (issue 18): ${c.name}`, async () => {
+      await runCase(await engine(), c);
+      figures.issue18Survived += 1;
     });
-    // upstream zero-fills the claimed size before reading a byte: 9 bytes sent, 256 MiB resident
-    expect(during - before).toBeGreaterThan(200 * 2 ** 20);
-    expect(after - before).toBeLessThan(32 * 2 ** 20);
-    expect(eng.exited()).toBeUndefined();
-  });
+  }
 
   for (const c of UPSTREAM_ASSERTS) {
     it(`survives an upstream assert: ${c.name}`, async () => {
@@ -406,4 +560,158 @@ describe('ggml-RPC hostile input through the merged port', () => {
       figures.upstreamAssertsSurvived += 1;
     });
   }
+
+  it('a 9-byte SET_TENSOR header announcing 1 GiB allocates nothing (it must fit a live buffer first)', async () => {
+    const eng = await engine();
+    const grown = await rssGrowth(eng, (ctx) =>
+      ctx.conn.write(command(CMD.SET_TENSOR, Buffer.alloc(0), 1n << 30n)),
+    );
+    figures.setTensorClaimRssMiB = Math.round(grown / 2 ** 20);
+    // at 47a84fe upstream zero-filled the claimed size before reading a byte
+    expect(grown).toBeLessThan(32 * 2 ** 20);
+    expect(eng.exited()).toBeUndefined();
+  });
+
+  it('an 8 MiB GRAPH_COMPUTE of a million nodes is refused on its counts (47a84fe: +408 MiB)', async () => {
+    const eng = await engine();
+    let closed = false;
+    const grown = await rssGrowth(eng, (ctx) => {
+      const n = 1 << 20;
+      ctx.conn.write(
+        graph(
+          0,
+          Array.from({ length: n }, () => 1n),
+          [t({ id: 1n }, ctx)],
+        ),
+      );
+      void ctx.conn.waitClosed(1400).then((c) => {
+        closed = c;
+      });
+    });
+    figures.graphClaimRssMiB = Math.round(grown / 2 ** 20);
+    expect(closed).toBe(true);
+    expect(grown).toBeLessThan(32 * 2 ** 20);
+    await normalSession(eng);
+  });
+
+  it('after every attack, a stock llama.cpp client computes the local logits on the engine', async () => {
+    const eng = await engine();
+    const local = await stockClient();
+    const remote = await stockClient(`127.0.0.1:${eng.rpcPort}`);
+    const diff = Math.max(...remote.logits.map((v, i) => Math.abs(v - local.logits[i]!)));
+    figures.stockClientMaxAbsDiff = diff;
+    expect(diff).toBeLessThan(1e-4);
+    expect(remote.generated).toEqual(local.generated);
+    expect((await completion(eng.url)).status).toBe(200);
+  });
+});
+
+describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
+  it('ALLOC_BUFFER past maxAllocBytes is answered as failed; the session and its buffers live on', async () => {
+    const srv = await startGuardedServer({ maxAllocBytes: 64 << 20 });
+    try {
+      const ctx = await open(srv.port);
+      const second = await ctx.conn.alloc(48n << 20n);
+      expect(second.ptr).not.toBe(0n);
+      const third = await ctx.conn.alloc(48n << 20n); // 4 KiB + 48 MiB held: refused
+      expect(third).toEqual({ ptr: 0n, size: 0n });
+      ctx.conn.write(command(CMD.BUFFER_CLEAR, Buffer.concat([u64(second.ptr), Buffer.from([1])])));
+      expect(await ctx.conn.deviceCount()).toBe(1);
+      ctx.conn.destroy();
+      const summary = await srv.summaries[0]!;
+      expect(summary).toMatchObject({ ended: 'client', allocDenied: 1, refusals: 1 });
+      expect(summary.allocBytesPeak).toBeGreaterThanOrEqual(48 << 20);
+      figures.allocCapDenied = summary.allocDenied;
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('a connection that sends only 0x0E is ended at helloTimeoutMs', async () => {
+    const srv = await startGuardedServer({ helloTimeoutMs: 300 });
+    try {
+      const conn = await RpcConn.open(srv.port);
+      const t0 = Date.now();
+      conn.write(Buffer.from([CMD.HELLO]));
+      expect(await conn.waitClosed(3000)).toBe(true);
+      figures.helloTimeoutClosedMs = Date.now() - t0;
+      expect(await srv.summaries[0]!).toMatchObject({ ended: 'timeout', reason: 'no HELLO in time' });
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('a message that stops arriving is ended at stallTimeoutMs, even while buffers are held', async () => {
+    const srv = await startGuardedServer({ stallTimeoutMs: 300, idleTimeoutMs: 0 });
+    try {
+      const ctx = await open(srv.port);
+      ctx.conn.write(command(CMD.ALLOC_BUFFER, Buffer.alloc(5), 12n));
+      expect(await ctx.conn.waitClosed(3000)).toBe(true);
+      expect(await srv.summaries[0]!).toMatchObject({
+        ended: 'timeout',
+        reason: 'a message stopped arriving',
+      });
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('idle sessions end at idleTimeoutMs only while they hold no buffer (a COMBINE head idles with buffers)', async () => {
+    const srv = await startGuardedServer({ idleTimeoutMs: 300 });
+    try {
+      const bare = await RpcConn.open(srv.port);
+      await bare.hello();
+      const held = await open(srv.port);
+      expect(await bare.waitClosed(3000)).toBe(true);
+      await sleep(700);
+      expect(held.conn.closed).toBe(false);
+      expect(await held.conn.deviceCount()).toBe(1);
+      // freeing its last buffer makes the held session idle-able too
+      held.conn.write(command(CMD.FREE_BUFFER, u64(held.buf)));
+      expect(await held.conn.waitClosed(3000)).toBe(true);
+      const ended = await Promise.all(srv.summaries);
+      expect(ended.map((e) => e.ended)).toEqual(['timeout', 'timeout']);
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('an unknown or invalid limit is refused by name', async () => {
+    for (const [limits, key] of [
+      [{ maxAllocByte: 1 }, 'options.maxAllocByte'],
+      [{ maxGraphNodes: -1 }, 'options.maxGraphNodes'],
+      [{ stallTimeoutMs: 1.5 }, 'options.stallTimeoutMs'],
+    ] as const) {
+      const srv = await startGuardedServer(limits);
+      try {
+        const conn = await RpcConn.open(srv.port);
+        conn.write(command(CMD.HELLO, Buffer.alloc(24)));
+        expect(await conn.waitClosed(3000)).toBe(true);
+        await expect(srv.summaries[0]!).rejects.toMatchObject({
+          code: 'HYDRA_ERR_BAD_ARGUMENT',
+          message: expect.stringContaining(key),
+        });
+      } finally {
+        await srv.close();
+      }
+    }
+  });
+
+  it('a refused message ends the session with its reason and command in the summary', async () => {
+    const srv = await startGuardedServer({});
+    try {
+      const ctx = await open(srv.port);
+      ctx.conn.write(graph(0, [0n], [t({ id: 1n }, ctx)]));
+      expect(await ctx.conn.waitClosed(3000)).toBe(true);
+      expect(await srv.summaries[0]!).toMatchObject({
+        ended: 'refused',
+        refusedCommand: 'GRAPH_COMPUTE',
+        reason: expect.stringContaining('node 0 id 0'),
+        refusals: 1,
+      });
+      await normalSession(srv.port);
+    } finally {
+      await srv.close();
+    }
+  });
 });

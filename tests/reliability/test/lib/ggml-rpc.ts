@@ -1,4 +1,6 @@
-import { connect, type Socket } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
+import { Worker } from 'node:worker_threads';
+import { detachFd, initBackend, peekFirstByte, rpcWorkerPath } from '@hydra-engine/native-ggml';
 
 /**
  * A minimal ggml-RPC client of the pinned upstream wire format (ggml/src/ggml-rpc/ggml-rpc.cpp,
@@ -32,8 +34,16 @@ const CONN_CAPS = 24;
 /** sizeof(rpc_tensor): GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10, GGML_MAX_NAME 64. */
 export const RPC_TENSOR_BYTES = 296;
 export const GGML_TYPE_F32 = 0;
+export const GGML_TYPE_F16 = 1;
+export const GGML_TYPE_I64 = 27;
+/** enum ggml_op of the pinned ggml.h. */
+export const GGML_TENSOR_FLAG_COMPUTE = 16;
 export const GGML_OP_NONE = 0;
 export const GGML_OP_ADD = 2;
+export const GGML_OP_SCALE = 32;
+export const GGML_OP_SET_ROWS = 42;
+export const GGML_OP_CUSTOM = 95;
+export const GGML_OP_COUNT = 101;
 
 export interface RpcTensor {
   id: bigint;
@@ -42,6 +52,10 @@ export interface RpcTensor {
   ne: [number, number, number, number];
   nb: [number, number, number, number];
   op: number;
+  /** op_params as 16 int32 (the rest zero). */
+  opParams?: number[];
+  /** GGML_TENSOR_FLAG_*: a graph node runs only with GGML_TENSOR_FLAG_COMPUTE (16). */
+  flags?: number;
   src: bigint[];
   viewSrc: bigint;
   viewOffs: bigint;
@@ -78,7 +92,9 @@ export function encodeTensor(t: RpcTensor): Buffer {
     b.writeUInt32LE(t.nb[i]! >>> 0, 36 + 4 * i);
   }
   b.writeUInt32LE(t.op >>> 0, 52);
-  // op_params (56..119) and flags (120) stay zero
+  b.writeInt32LE(t.flags ?? 0, 120);
+  // op_params at 56..119, flags at 120
+  for (const [i, v] of (t.opParams ?? []).slice(0, 16).entries()) b.writeInt32LE(v | 0, 56 + 4 * i);
   for (const [i, v] of t.src.slice(0, 10).entries()) b.writeBigUInt64LE(v, 124 + 8 * i);
   b.writeBigUInt64LE(t.viewSrc, 204);
   b.writeBigUInt64LE(t.viewOffs, 212);
@@ -220,4 +236,100 @@ export class RpcConn {
   destroy(): void {
     this.socket.destroy();
   }
+}
+
+/** The summary serveRpcFd returns for one session (the fields these tests read). */
+export interface ServeSummary {
+  ended: string;
+  reason?: string;
+  refusedCommand?: string;
+  refusals: number;
+  allocDenied: number;
+  allocBytesPeak: number;
+  commands: number;
+}
+
+/**
+ * A loopback ggml-RPC server built from native-ggml's own pieces with chosen session limits: peek
+ * the first byte, detach the fd, serve it with the rpc-worker module in a worker thread (the merged
+ * port's path, minus the port). `summaries` resolve when each session ends.
+ */
+export async function startGuardedServer(limits: Record<string, unknown>): Promise<{
+  port: number;
+  summaries: Promise<ServeSummary>[];
+  close(): Promise<void>;
+}> {
+  initBackend({ logLevel: 'error' });
+  const summaries: Promise<ServeSummary>[] = [];
+  const workers: Worker[] = [];
+  const server = createServer({ pauseOnConnect: true }, (socket: Socket) => {
+    const fd = (socket as unknown as { _handle: { fd: number } })._handle.fd;
+    summaries.push(
+      peekFirstByte(fd, 5000).then((byte) => {
+        if (byte !== CMD.HELLO) {
+          socket.destroy();
+          throw new Error(`first byte ${byte}`);
+        }
+        const served = detachFd(fd);
+        socket.destroy();
+        const worker = new Worker(
+          `const { parentPort, workerData } = require('node:worker_threads');
+           import(workerData.path).then(
+             (m) => { try { parentPort.postMessage({ ok: m.default(workerData.task) }); }
+                      catch (e) { parentPort.postMessage({ code: e.code, message: String(e.message) }); } });`,
+          {
+            eval: true,
+            workerData: { path: rpcWorkerPath, task: { fd: served, devices: ['CPU'], threads: 1, limits } },
+          },
+        );
+        workers.push(worker);
+        return new Promise<ServeSummary>((resolve, reject) => {
+          worker.once('message', (m: { ok?: ServeSummary; code?: string; message?: string }) => {
+            void worker.terminate();
+            if (m.ok) resolve(m.ok);
+            else reject(Object.assign(new Error(m.message), { code: m.code }));
+          });
+          worker.once('error', reject);
+        });
+      }),
+    );
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  if (address === null || typeof address === 'string') throw new Error('no port');
+  return {
+    port: address.port,
+    summaries,
+    close: async () => {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await Promise.all(workers.map((w) => w.terminate()));
+    },
+  };
+}
+
+/** GRAPH_COMPUTE: | device u32 | n_nodes u32 | node ids u64[] | n_tensors u32 | rpc_tensor[] |. */
+export function graphCompute(
+  device: number,
+  nodes: bigint[],
+  tensors: RpcTensor[],
+  nNodes = nodes.length,
+): Buffer {
+  return command(
+    CMD.GRAPH_COMPUTE,
+    Buffer.concat([
+      u32(device),
+      u32(nNodes),
+      ...nodes.map(u64),
+      u32(tensors.length),
+      ...tensors.map(encodeTensor),
+    ]),
+  );
+}
+
+export function setTensorCmd(tensor: RpcTensor, offset: bigint, data: Buffer): Buffer {
+  return command(CMD.SET_TENSOR, Buffer.concat([encodeTensor(tensor), u64(offset), data]));
+}
+
+export function getTensorCmd(tensor: RpcTensor, offset: bigint, size: bigint): Buffer {
+  return command(CMD.GET_TENSOR, Buffer.concat([encodeTensor(tensor), u64(offset), u64(size)]));
 }
