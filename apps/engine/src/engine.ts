@@ -240,7 +240,7 @@ export class Engine {
   }
 
   /** {@link chatPrompt} off the JS thread (HTTP chat requests). */
-  chatPromptAsync(messages: { role: string; content: string }[]): Promise<string> {
+  chatPromptAsync(messages: readonly { role: string; content: string }[] | Uint8Array): Promise<string> {
     return this.#runtime.requireModel().applyChatTemplateAsync(messages);
   }
 

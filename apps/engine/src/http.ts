@@ -3,6 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo, Socket } from 'node:net';
 import { Allowlist } from '@hydra-engine/hydra-rpc';
 import { normalize } from '@hydra-engine/tiering';
+import { BodyParser, type PreparedBody } from './body.js';
 import { type Engine, type GenerationParams, type GenerationResult, samplerParamsFrom } from './engine.js';
 import { HydraError } from './errors.js';
 
@@ -114,8 +115,8 @@ function sendError(res: ServerResponse, err: unknown, headers: Record<string, st
   );
 }
 
-/** Reads a JSON body with a size cap (413) and a deadline (408). */
-function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<unknown> {
+/** Reads a body with a size cap (413) and a deadline (408). */
+function readBody(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > maxBytes) {
@@ -127,7 +128,7 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
     const chunks: Buffer[] = [];
     let size = 0;
     let done = false;
-    const finish = (err: HydraError | undefined, value?: unknown) => {
+    const finish = (err: HydraError | undefined, value?: Buffer) => {
       if (done) return;
       done = true;
       clearTimeout(timer);
@@ -135,7 +136,7 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
         req.removeAllListeners('data');
         req.resume();
         reject(err);
-      } else resolve(value);
+      } else resolve(value as Buffer);
     };
     const timer = setTimeout(
       () =>
@@ -155,14 +156,7 @@ function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Pr
       }
       chunks.push(chunk);
     });
-    req.on('end', () => {
-      const text = Buffer.concat(chunks).toString('utf8');
-      try {
-        finish(undefined, JSON.parse(text));
-      } catch (err) {
-        finish(new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`));
-      }
-    });
+    req.on('end', () => finish(undefined, Buffer.concat(chunks)));
     req.on('error', (err) =>
       finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)),
     );
@@ -234,33 +228,6 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
   };
 }
 
-function chatMessages(body: Record<string, unknown>): { role: string; content: string }[] {
-  const messages = body.messages;
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw badRequest('messages must be a non-empty array', 'messages');
-  return messages.map((m, i) => {
-    if (typeof m !== 'object' || m === null) throw badRequest(`messages[${i}] must be an object`, 'messages');
-    const { role, content } = m as Record<string, unknown>;
-    if (typeof role !== 'string' || role.length === 0)
-      throw badRequest(`messages[${i}].role must be a string`, 'messages');
-    let text: string;
-    if (typeof content === 'string') text = content;
-    else if (content === null || content === undefined) text = '';
-    else if (Array.isArray(content)) {
-      text = content
-        .map((part, j) => {
-          const p = part as Record<string, unknown>;
-          if (p?.type !== 'text' || typeof p.text !== 'string') {
-            throw badRequest(`messages[${i}].content[${j}]: only text parts are supported`, 'messages');
-          }
-          return p.text;
-        })
-        .join('');
-    } else throw badRequest(`messages[${i}].content must be a string or an array of text parts`, 'messages');
-    return { role, content: text };
-  });
-}
-
 function positiveInt(options: Record<string, unknown>, key: string, dflt: number, min = 1): number {
   const v = options[key] ?? dflt;
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) {
@@ -298,6 +265,7 @@ export class HttpApi {
   readonly #maxMessages: number;
   readonly #perSource = new Map<string, number>();
   readonly #refusedSockets = new WeakSet<Socket>();
+  readonly #bodies = new BodyParser();
   #open = 0;
   #refused = 0;
   #unauthorized = 0;
@@ -397,7 +365,9 @@ export class HttpApi {
 
   close(): Promise<void> {
     return new Promise((resolve) => {
-      this.#server.close(() => resolve());
+      this.#server.close(() => {
+        this.#bodies.close().then(() => resolve(), resolve);
+      });
       this.#server.closeIdleConnections();
       setTimeout(() => this.#server.closeAllConnections(), 2000).unref();
     });
@@ -470,16 +440,14 @@ export class HttpApi {
       return;
     }
     if (req.method !== 'POST') return this.#methodNotAllowed(req, res);
-    const body = await readJson(req, this.#opts.maxBodyBytes, this.#opts.bodyTimeoutMs).catch((err) => {
+    const data = await readBody(req, this.#opts.maxBodyBytes, this.#opts.bodyTimeoutMs).catch((err) => {
       sendError(res, err, { connection: 'close' });
       return undefined;
     });
-    if (body === undefined) return;
-    if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-      sendError(res, badRequest('the body must be a JSON object'));
-      return;
-    }
-    await this.#complete(req, res, body as Record<string, unknown>, path.endsWith('/chat/completions'));
+    if (data === undefined) return;
+    const chat = path.endsWith('/chat/completions');
+    const prepared = await this.#bodies.parse(data, chat, this.#messageLimit());
+    await this.#complete(req, res, prepared, chat);
   }
 
   #metricsText(): string {
@@ -531,44 +499,21 @@ export class HttpApi {
   async #complete(
     req: IncomingMessage,
     res: ServerResponse,
-    body: Record<string, unknown>,
+    prepared: PreparedBody,
     chat: boolean,
   ): Promise<void> {
     const { engine } = this.#opts;
+    const { body } = prepared;
     const stream = body.stream === true;
     if (body.stream !== undefined && typeof body.stream !== 'boolean')
       throw badRequest('stream must be a boolean', 'stream');
-    let promptText: string;
-    let messages: { role: string; content: string }[] | undefined;
-    if (chat) {
-      const limit = this.#messageLimit();
-      if (Array.isArray(body.messages) && body.messages.length > limit) {
-        throw new HydraError(
-          'HYDRA_ERR_TOO_MANY_MESSAGES',
-          `${body.messages.length} messages; the limit is ${limit}`,
-          { keys: ['messages'] },
-        );
-      }
-      messages = chatMessages(body);
-      let bytes = 0;
-      for (const m of messages) bytes += Buffer.byteLength(m.content) + Buffer.byteLength(m.role);
-      this.#checkPromptBytes(bytes, 'messages');
-      promptText = '';
-    } else {
-      const tokens = body.prompt;
-      // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
-      if (
-        Array.isArray(tokens) &&
-        tokens.length > 0 &&
-        tokens.every((t) => Number.isSafeInteger(t) && t >= 0)
-      ) {
-        promptText = '';
-      } else if (typeof tokens !== 'string') {
+    let promptText = '';
+    if (prepared.chat) this.#checkPromptBytes(prepared.chat.bytes, 'messages');
+    else if (!prepared.tokens) {
+      if (typeof body.prompt !== 'string')
         throw badRequest('prompt must be a string or an array of token ids', 'prompt');
-      } else {
-        this.#checkPromptBytes(Buffer.byteLength(tokens), 'prompt');
-        promptText = tokens;
-      }
+      this.#checkPromptBytes(Buffer.byteLength(body.prompt), 'prompt');
+      promptText = body.prompt;
     }
     const slotField = body.slot_id ?? body.id_slot;
     if (slotField !== undefined && slotField !== null && slotField !== -1 && !Number.isSafeInteger(slotField))
@@ -577,19 +522,19 @@ export class HttpApi {
       throw badRequest('cache_prompt must be a boolean', 'cache_prompt');
     const params = generationParams(engine, body);
     let prompt: Int32Array;
-    if (Array.isArray(body.prompt) && !chat) {
+    if (prepared.tokens) {
       const nVocab = engine.model?.info.nVocab ?? 0;
-      if (body.prompt.some((t) => (t as number) >= nVocab))
+      if (prepared.tokens.max >= nVocab)
         throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
       engine.assertReady();
-      prompt = Int32Array.from(body.prompt as number[]);
+      prompt = prepared.tokens.ids;
     } else {
       // Rendering and tokenizing run off the JS thread: a big input must not stall /health. A model
       // swapped meanwhile has another vocabulary: the tokens are made again for the new one.
       let tokens: Int32Array | undefined;
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
-        const text = messages ? await engine.chatPromptAsync(messages) : promptText;
+        const text = prepared.chat ? await engine.chatPromptAsync(prepared.chat.packed) : promptText;
         const t = await engine.tokenizeAsync(text);
         if (engine.model === model) tokens = t;
       }

@@ -122,12 +122,13 @@ describe('--api-key guards every route but /health, as llama-server does', () =>
   });
 
   it('any of the keys, from --api-key k1,k2 or --api-key-file, as Bearer, bare or X-Api-Key', async () => {
-    for (const headers of [
+    const variants: Record<string, string>[] = [
       { authorization: 'Bearer k1' },
       { authorization: 'Bearer k2' },
       { authorization: 'k3' },
       { 'x-api-key': 'k4' },
-    ]) {
+    ];
+    for (const headers of variants) {
       expect((await call(eng.url, '/metrics', { headers })).status).toBe(200);
       expect((await call(eng.url, '/control/status', { headers })).status).toBe(200);
     }

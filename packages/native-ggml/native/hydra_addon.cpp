@@ -825,11 +825,48 @@ static Napi::Value tokenize_async(const Napi::CallbackInfo & info) {
 
 class chat_template_worker : public Napi::AsyncWorker {
 public:
-    chat_template_worker(Napi::Env env, std::string tmpl, std::vector<std::string> roles, std::vector<std::string> contents, bool add_assistant)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), tmpl(std::move(tmpl)), roles(std::move(roles)), contents(std::move(contents)), add_assistant(add_assistant) {}
+    chat_template_worker(Napi::Env env, std::string tmpl, std::vector<std::string> roles, std::vector<std::string> contents, bool add_assistant, std::string packed = {})
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), tmpl(std::move(tmpl)), roles(std::move(roles)), contents(std::move(contents)), add_assistant(add_assistant), packed(std::move(packed)) {}
     Napi::Promise promise() { return deferred.Promise(); }
 
+    // The packed form (u32 LE count, then per message u32 LE length + role bytes, u32 LE length +
+    // content bytes) lets a caller hand over a whole chat with one copy instead of one per string.
+    bool unpack() {
+        size_t at = 0;
+        auto u32 = [&](uint32_t & v) {
+            if (packed.size() - at < 4) {
+                return false;
+            }
+            memcpy(&v, packed.data() + at, 4);  // little-endian hosts only, like ggml-RPC
+            at += 4;
+            return true;
+        };
+        auto str = [&](std::vector<std::string> & into) {
+            uint32_t n;
+            if (!u32(n) || packed.size() - at < n) {
+                return false;
+            }
+            into.emplace_back(packed.data() + at, n);
+            at += n;
+            return true;
+        };
+        uint32_t count;
+        if (!u32(count) || count > packed.size() / 8) {
+            return false;
+        }
+        for (uint32_t i = 0; i < count; i++) {
+            if (!str(roles) || !str(contents)) {
+                return false;
+            }
+        }
+        return at == packed.size();
+    }
+
     void Execute() override {
+        if (!packed.empty() && !unpack()) {
+            SetError("the packed chat messages are malformed");
+            return;
+        }
         std::vector<llama_chat_message> chat;
         size_t total = 0;
         for (size_t i = 0; i < roles.size(); i++) {
@@ -858,8 +895,17 @@ private:
     std::string tmpl;
     std::vector<std::string> roles, contents;
     bool add_assistant;
+    std::string packed;
     std::string out;
 };
+
+static std::string chat_template_of(const Napi::CallbackInfo & info, hydra_model * m, size_t arg) {
+    if (info.Length() > arg && info[arg].IsString()) {
+        return info[arg].As<Napi::String>().Utf8Value();
+    }
+    const char * t = llama_model_chat_template(m->model, nullptr);
+    return t ? t : "chatml";  // llama_chat_apply_template's own default for a null template
+}
 
 // (model, roles[], contents[], addAssistant, template?) -> Promise<string>. Two string arrays, not
 // message objects: copying them is the only work left on the JS thread.
@@ -886,14 +932,27 @@ static Napi::Value chat_apply_template_async(const Napi::CallbackInfo & info) {
         contents.push_back(c.As<Napi::String>().Utf8Value());
     }
     bool add_assistant = info.Length() > 3 && info[3].ToBoolean().Value();
-    std::string tmpl;
-    if (info.Length() > 4 && info[4].IsString()) {
-        tmpl = info[4].As<Napi::String>().Utf8Value();
-    } else {
-        const char * t = llama_model_chat_template(m->model, nullptr);
-        tmpl = t ? t : "chatml";  // llama_chat_apply_template's own default for a null template
+    auto * w = new chat_template_worker(env, chat_template_of(info, m, 4), std::move(roles), std::move(contents), add_assistant);
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+}
+
+// (model, packed: Uint8Array, addAssistant, template?) -> Promise<string>; the bytes are copied
+// here and unpacked in the worker.
+static Napi::Value chat_apply_template_packed_async(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "packed messages must be a Uint8Array");
     }
-    auto * w = new chat_template_worker(env, std::move(tmpl), std::move(roles), std::move(contents), add_assistant);
+    Napi::Uint8Array bytes = info[1].As<Napi::Uint8Array>();
+    std::string packed((const char *) bytes.Data(), bytes.ByteLength());
+    if (packed.empty()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "the packed chat messages are malformed");
+    }
+    bool add_assistant = info.Length() > 2 && info[2].ToBoolean().Value();
+    auto * w = new chat_template_worker(env, chat_template_of(info, m, 3), {}, {}, add_assistant, std::move(packed));
     Napi::Promise p = w->promise();
     w->Queue();
     return p;
@@ -1469,6 +1528,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("chatApplyTemplate", Napi::Function::New(env, chat_apply_template));
     exports.Set("tokenizeAsync", Napi::Function::New(env, tokenize_async));
     exports.Set("chatApplyTemplateAsync", Napi::Function::New(env, chat_apply_template_async));
+    exports.Set("chatApplyTemplatePackedAsync", Napi::Function::New(env, chat_apply_template_packed_async));
     exports.Set("contextCreate", Napi::Function::New(env, context_create));
     exports.Set("contextFree", Napi::Function::New(env, context_free));
     exports.Set("contextInfo", Napi::Function::New(env, context_info));

@@ -199,6 +199,12 @@ export interface NativeBinding {
     addAssistant: boolean,
     template?: string,
   ): Promise<string>;
+  chatApplyTemplatePackedAsync(
+    model: ModelHandle,
+    packed: Uint8Array,
+    addAssistant: boolean,
+    template?: string,
+  ): Promise<string>;
   contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
   contextFree(ctx: ContextHandle): void;
   contextInfo(ctx: ContextHandle): {

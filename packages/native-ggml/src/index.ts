@@ -231,6 +231,25 @@ export class Model {
   private constructor(binding: NativeBinding, handle: ModelHandle, params: NativeModelParams) {
     this.#binding = binding;
     this.#handle = handle;
+/**
+ * Packs chat messages for {@link Model.applyChatTemplateAsync}: u32 LE count, then per message a
+ * u32 LE byte length and the UTF-8 role, a u32 LE byte length and the UTF-8 content.
+ */
+export function packChatMessages(messages: readonly { role: string; content: string }[]): Uint8Array {
+  const enc = new TextEncoder();
+  const parts = messages.flatMap((m) => [enc.encode(m.role), enc.encode(m.content)]);
+  const out = new Uint8Array(4 + parts.reduce((n, p) => n + 4 + p.length, 0));
+  const view = new DataView(out.buffer);
+  view.setUint32(0, messages.length, true);
+  let at = 4;
+  for (const p of parts) {
+    view.setUint32(at, p.length, true);
+    out.set(p, at + 4);
+    at += 4 + p.length;
+  }
+  return out;
+}
+
     this.path = params.path;
     this.info = binding.modelInfo(handle);
     // On-device sampling pays off where the output layer sits on a GPU; on the CPU backend it is
@@ -327,26 +346,29 @@ export class Model {
     );
   }
 
-  /** {@link applyChatTemplate} off the JS thread. */
+  /**
+   * {@link applyChatTemplate} off the JS thread. `messages` may come packed
+   * ({@link packChatMessages}): one copy on the JS thread instead of one per string.
+   */
   applyChatTemplateAsync(
-    messages: { role: string; content: string }[],
+    messages: readonly { role: string; content: string }[] | Uint8Array,
     options: { addAssistant?: boolean; template?: string } = {},
   ): Promise<string> {
     const roles = messages.map((m) => m.role);
     const contents = messages.map((m) => m.content);
     return this.#job(() =>
-      this.#binding.chatApplyTemplateAsync(
-        this.#h(),
-        roles,
-        contents,
-        options.addAssistant ?? true,
-        options.template,
-      ),
+      this.#binding.chatApplyTemplateAsync(this.#h(), roles, contents, addAssistant, options.template),
     );
   }
 
   // A job holds the native model until it settles: dispose() while one runs frees it afterwards.
   async #job<T>(start: () => Promise<T>): Promise<T> {
+    const addAssistant = options.addAssistant ?? true;
+    if (messages instanceof Uint8Array) {
+      return this.#job(() =>
+        this.#binding.chatApplyTemplatePackedAsync(this.#h(), messages, addAssistant, options.template),
+      );
+    }
     const promise = call(start);
     this.#jobs++;
     try {

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initBackend, Model } from '../src/index.js';
+import { initBackend, Model, packChatMessages } from '../src/index.js';
 import { tinyModel } from './helpers.js';
 
 // The tiny model's vocabulary is SentencePiece with <unk>, <s>, </s>, <|im_start|>, <|im_end|> as
@@ -99,6 +99,20 @@ describe('tokenizeAsync / applyChatTemplateAsync', () => {
     expect(text.split('<|im_start|>').length).toBe(150_002);
     const tokens = await model.tokenizeAsync(text);
     expect(tokens.length).toBeGreaterThan(300_000);
+  });
+
+  it('renders packed messages as the array form, and refuses malformed packs', async () => {
+    const messages = [
+      { role: 'system', content: 'é 日本' },
+      { role: 'user', content: '' },
+    ];
+    expect(await model.applyChatTemplateAsync(packChatMessages(messages))).toBe(
+      model.applyChatTemplate(messages),
+    );
+    const packed = packChatMessages(messages);
+    for (const bad of [packed.subarray(0, packed.length - 1), new Uint8Array([9, 0, 0, 0]), new Uint8Array(0)]) {
+      await expect(model.applyChatTemplateAsync(bad)).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT' });
+    }
   });
 
   it('a model disposed while a job runs is freed when the job ends', async () => {

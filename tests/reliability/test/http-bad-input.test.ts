@@ -290,3 +290,103 @@ describe('HTTP bad input', () => {
     await waitSlotsFree(eng.url);
   });
 });
+
+/**
+ * Inputs whose tokenization took the JS thread for seconds to minutes at 47a84fe (issue 18): a
+ * 976 KiB prompt of special tokens (23 s) and 150k chat messages (over 4 minutes). A /health poller
+ * measures the engine's longest answer while each is processed, once with caps raised so the
+ * whole input is parsed, rendered and tokenized, once with the default caps.
+ */
+describe('big inputs never stall /health', () => {
+  let big: EngineProcess;
+  const health: Record<string, unknown> = {};
+  beforeAll(async () => {
+    big = await spawnEngine([
+      '-m',
+      await tinyModel(),
+      '-np',
+      '2',
+      '-t',
+      '1',
+      '-c',
+      '1024',
+      '--max-body-bytes',
+      String(16 << 20),
+      '--max-messages',
+      '200000',
+      '--max-prompt-bytes',
+      String(16 << 20),
+    ]);
+  });
+  afterAll(async () => {
+    await big?.stop();
+    fig.bigInputs = health;
+  });
+
+  async function whilePolling(url: string, path: string, body: string) {
+    let done = false;
+    let worst = 0;
+    let polls = 0;
+    const t0 = performance.now();
+    const answer = httpRequest(url, { path, body, timeoutMs: 120_000 }).finally(() => {
+      done = true;
+    });
+    while (!done) {
+      const t = performance.now();
+      const h = await httpRequest(url, { path: '/health', timeoutMs: 120_000 });
+      expect(h.status).toBe(200);
+      worst = Math.max(worst, performance.now() - t);
+      polls++;
+      await sleep(5);
+    }
+    const r = await answer;
+    return {
+      status: r.status,
+      code: r.json?.error?.code,
+      ms: Math.round(performance.now() - t0),
+      worst,
+      polls,
+    };
+  }
+
+  const specials = JSON.stringify({ prompt: '<|im_end|>'.repeat(99_900), max_tokens: 1 });
+  const messages = JSON.stringify({
+    messages: Array.from({ length: 150_000 }, (_, i) => ({ role: 'user', content: `message ${i}` })),
+    max_tokens: 1,
+  });
+
+  it('976 KiB of special tokens: tokenized (100k tokens, too long for a slot) with /health under 100 ms', async () => {
+    const r = await whilePolling(big.url, '/v1/completions', specials);
+    health.specials976KiB = { ...r, worst: Math.round(r.worst) };
+    expect([r.status, r.code]).toEqual([400, 'HYDRA_ERR_PROMPT_TOO_LONG']);
+    expect(r.worst).toBeLessThan(100);
+  });
+
+  it('150k chat messages (5 MB): parsed, rendered and tokenized with /health under 100 ms', async () => {
+    expect(messages.length).toBeGreaterThan(5_000_000);
+    const r = await whilePolling(big.url, '/v1/chat/completions', messages);
+    health.messages150k = { ...r, worst: Math.round(r.worst) };
+    expect([r.status, r.code]).toEqual([400, 'HYDRA_ERR_PROMPT_TOO_LONG']);
+    expect(r.polls).toBeGreaterThan(1);
+    expect(r.worst).toBeLessThan(100);
+  });
+
+  it('with the default caps both are refused by size, before any tokenization', async () => {
+    const dflt = await spawnEngine(['-m', await tinyModel(), '-np', '2', '-t', '1', '-c', '1024']);
+    try {
+      const many = await whilePolling(dflt.url, '/v1/chat/completions', messages);
+      expect([many.status, many.code]).toEqual([400, 'HYDRA_ERR_TOO_MANY_MESSAGES']);
+      expect(many.worst).toBeLessThan(100);
+      const huge = JSON.stringify({ prompt: '<|im_end|>'.repeat(110_000), max_tokens: 1 });
+      const r = await httpRequest(dflt.url, { path: '/v1/completions', body: huge });
+      expect([r.status, r.json?.error?.code]).toEqual([413, 'HYDRA_ERR_PROMPT_TOO_LARGE']);
+      health.defaults = {
+        messages150k: many.code,
+        specials1100KB: r.json?.error?.code,
+        worst: Math.round(many.worst),
+      };
+    } finally {
+      await dflt.stop();
+    }
+  });
+});
