@@ -1,6 +1,7 @@
 // Builds dist/hydra-engine, a Node single executable application, from the tsc output in dist/:
 // one CommonJS bundle injected into a copy of this node binary, with the native addon, its shared
-// libraries and the two worker bundles (piscina's worker, the ggml-RPC worker) beside it.
+// libraries and the ggml-RPC worker thread bundle beside it (ggml-RPC sessions are served by copies
+// of the executable run as `hydra-engine rpc-host`, whose worker thread loads rpc-worker.cjs).
 import { execFileSync } from 'node:child_process';
 import {
   chmodSync,
@@ -16,7 +17,7 @@ import {
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
-import { commonOptions, renamePiscinaWorker } from './bundle-options.mjs';
+import { commonOptions } from './bundle-options.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const dist = join(root, 'dist');
@@ -42,13 +43,6 @@ await build({
   banner: {
     js: `${banner.js}\nglobalThis.__HYDRA_SEA__ = true;\nif (!process.env.HYDRA_NATIVE_ADDON) process.env.HYDRA_NATIVE_ADDON = require("node:path").join(require("node:path").dirname(process.execPath), "hydra_ggml.node");`,
   },
-  plugins: [renamePiscinaWorker],
-});
-const piscinaDir = join(pkgDir(pkgDir(root, '@hydra-engine/hydra-rpc'), 'piscina'), 'dist');
-await build({
-  ...common,
-  entryPoints: [join(piscinaDir, 'worker.js')],
-  outfile: join(dist, 'piscina-worker.cjs'),
 });
 await build({
   ...common,

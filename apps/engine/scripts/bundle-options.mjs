@@ -1,6 +1,5 @@
 // esbuild settings shared by the single executable (build-sea.mjs) and the device bundles
 // (benchmarks/gpu/bundle.mjs): CommonJS bundles that need no node_modules at run time.
-import { readFileSync } from 'node:fs';
 
 /** Options every bundle uses. import.meta.url means nothing in CommonJS: each bundle gets its own file's URL. */
 export const commonOptions = {
@@ -13,16 +12,5 @@ export const commonOptions = {
   logLevel: 'warning',
   banner: {
     js: 'var __hydra_meta_url = require("node:url").pathToFileURL(typeof __filename === "string" && __filename ? __filename : process.execPath).href;',
-  },
-};
-
-/** piscina finds its worker as __dirname/worker.js; beside a bundle it is piscina-worker.cjs. */
-export const renamePiscinaWorker = {
-  name: 'piscina-worker-name',
-  setup(b) {
-    b.onLoad({ filter: /piscina[\\/]dist[\\/]index\.js$/ }, (args) => ({
-      contents: readFileSync(args.path, 'utf8').replace("'worker.js'", "'piscina-worker.cjs'"),
-      loader: 'js',
-    }));
   },
 };

@@ -16,6 +16,21 @@ export interface ServeSettings {
   progress: 'auto' | 'bar' | 'lines' | 'off';
   /** GGUF files whose tensors the merged port serves to ggml-RPC heads from disk (COMBINE). */
   rpcWeights: string[];
+  // Merged port (--rpc-port) caps and timeouts (hydra-rpc HydraPortOptions).
+  /** ggml-RPC sessions served at once (one host process each), and connections waiting for one. */
+  rpcPoolSize: number;
+  rpcQueueSize: number;
+  /** A waiting ggml-RPC connection is closed after this. */
+  rpcQueueTimeoutMs: number;
+  /** Running plus waiting ggml-RPC sessions of one source address (0: the pool size - 1, at least 1). */
+  rpcMaxPerSource: number;
+  /** Open merged-port connections in all, and from one source address. */
+  portMaxConnections: number;
+  portMaxConnectionsPerSource: number;
+  /** Hydra sessions in all, from one source address, and how long one may stay idle. */
+  hydraMaxSessions: number;
+  hydraMaxSessionsPerSource: number;
+  hydraIdleTimeoutMs: number;
   // HTTP and control-plane hardening (http.ts HttpOptions, control/controller.ts ControllerOptions).
   /** Keys read from `--api-key-file` (one a line, `#` comments), accepted besides `--api-key`'s. */
   apiKeysFromFile: string[];
@@ -269,6 +284,61 @@ export const FLAGS: FlagSpec[] = [
     kind: 'repeat',
     help: 'GGUF a head may load through --rpc-port: its tensors are read here, not sent (repeatable)',
   },
+  // Merged port caps and timeouts (settings; see ServeSettings).
+  {
+    names: ['--rpc-pool-size'],
+    key: '@rpcPoolSize',
+    kind: 'int',
+    help: 'ggml-RPC sessions served at once, one host process each (default 4)',
+  },
+  {
+    names: ['--rpc-queue-size'],
+    key: '@rpcQueueSize',
+    kind: 'int',
+    help: 'ggml-RPC connections waiting for a host (default 64)',
+  },
+  {
+    names: ['--rpc-queue-timeout-ms'],
+    key: '@rpcQueueTimeoutMs',
+    kind: 'int',
+    help: 'a waiting ggml-RPC connection is closed after this (default 30000)',
+  },
+  {
+    names: ['--rpc-max-per-source'],
+    key: '@rpcMaxPerSource',
+    kind: 'int',
+    help: 'running + waiting ggml-RPC sessions per source address (default 0: pool size - 1)',
+  },
+  {
+    names: ['--rpc-port-max-connections'],
+    key: '@portMaxConnections',
+    kind: 'int',
+    help: 'open --rpc-port connections, both protocols (default 1024)',
+  },
+  {
+    names: ['--rpc-port-max-connections-per-source'],
+    key: '@portMaxConnectionsPerSource',
+    kind: 'int',
+    help: 'open --rpc-port connections from one address (default 128)',
+  },
+  {
+    names: ['--hydra-max-sessions'],
+    key: '@hydraMaxSessions',
+    kind: 'int',
+    help: 'Hydra control sessions on --rpc-port (default 512)',
+  },
+  {
+    names: ['--hydra-max-sessions-per-source'],
+    key: '@hydraMaxSessionsPerSource',
+    kind: 'int',
+    help: 'Hydra control sessions from one address (default 64)',
+  },
+  {
+    names: ['--hydra-idle-timeout-ms'],
+    key: '@hydraIdleTimeoutMs',
+    kind: 'int',
+    help: 'a Hydra session that sends no frame for this long is closed (default 300000)',
+  },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
 ];
@@ -440,7 +510,34 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   state_timeout_ms: 'stateTimeoutMs',
   '@maxStateUploadBytes': 'maxStateUploadBytes',
   max_state_upload_bytes: 'maxStateUploadBytes',
+  '@rpcPoolSize': 'rpcPoolSize',
+  rpc_pool_size: 'rpcPoolSize',
+  '@rpcQueueSize': 'rpcQueueSize',
+  rpc_queue_size: 'rpcQueueSize',
+  '@rpcQueueTimeoutMs': 'rpcQueueTimeoutMs',
+  rpc_queue_timeout_ms: 'rpcQueueTimeoutMs',
+  '@rpcMaxPerSource': 'rpcMaxPerSource',
+  rpc_max_per_source: 'rpcMaxPerSource',
+  '@portMaxConnections': 'portMaxConnections',
+  rpc_port_max_connections: 'portMaxConnections',
+  '@portMaxConnectionsPerSource': 'portMaxConnectionsPerSource',
+  rpc_port_max_connections_per_source: 'portMaxConnectionsPerSource',
+  '@hydraMaxSessions': 'hydraMaxSessions',
+  hydra_max_sessions: 'hydraMaxSessions',
+  '@hydraMaxSessionsPerSource': 'hydraMaxSessionsPerSource',
+  hydra_max_sessions_per_source: 'hydraMaxSessionsPerSource',
+  '@hydraIdleTimeoutMs': 'hydraIdleTimeoutMs',
+  hydra_idle_timeout_ms: 'hydraIdleTimeoutMs',
 };
+
+/** Settings for which 0 is valid (a queue of none, or "derive the default"). */
+const ZERO_OK = new Set<keyof ServeSettings>([
+  'maxQueue',
+  'maxPromptBytes',
+  'maxMessages',
+  'rpcQueueSize',
+  'rpcMaxPerSource',
+]);
 
 /** Reads an `--api-key-file` as llama-server does: one key a line, blank and `#` lines skipped. */
 function readApiKeyFile(file: unknown, where: string, key: string): string[] {
@@ -487,6 +584,15 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     maxMessages: 0,
     stateTimeoutMs: 60_000,
     maxStateUploadBytes: 1 << 30,
+    rpcPoolSize: 4,
+    rpcQueueSize: 64,
+    rpcQueueTimeoutMs: 30_000,
+    rpcMaxPerSource: 0,
+    portMaxConnections: 1024,
+    portMaxConnectionsPerSource: 128,
+    hydraMaxSessions: 512,
+    hydraMaxSessionsPerSource: 64,
+    hydraIdleTimeoutMs: 300_000,
   };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};
@@ -518,7 +624,7 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
       settings.apiKeysFromFile.push(...readApiKeyFile(value, where, key));
       return;
     }
-    const min = name === 'maxQueue' || name === 'maxPromptBytes' || name === 'maxMessages' ? 0 : 1;
+    const min = ZERO_OK.has(name) ? 0 : 1;
     if (!Number.isInteger(value) || (value as number) < min) {
       const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
       throw new HydraError(code, `${where}: ${key.replace('@', '')} must be an integer >= ${min}`, {

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { dirname, join } from 'node:path';
+import { runRpcHost } from '@hydra-engine/native-ggml/rpc-host';
 import { runSynthCli } from '@hydra-engine/native-ggml/synth';
 import { parseServeArgs, usage } from './args.js';
 import { runDemo } from './demo.js';
@@ -30,6 +31,10 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
       case 'demo':
         await runDemo(rest, io);
         return 0;
+      case 'rpc-host':
+        // A child of this engine's merged port (see native-ggml rpc-host.ts); exits with its channel.
+        runRpcHost(sea ? { workerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') } : {});
+        return await new Promise<number>(() => {});
     }
     const args = parseServeArgs(cmd === 'serve' ? rest : argv);
     if (args.help) {
@@ -71,9 +76,8 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
 const isEntry = process.argv[1] !== undefined && /cli\.(c|m)?js$/.test(process.argv[1]);
 const sea = (globalThis as { __HYDRA_SEA__?: boolean }).__HYDRA_SEA__ === true;
 if (isEntry || sea) {
-  // The single executable carries its ggml-RPC worker as a file beside it.
-  const options: StartOptions = sea
-    ? { rpcWorkerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') }
-    : {};
+  // The single executable serves ggml-RPC sessions in copies of itself (`rpc-host`), whose worker
+  // thread module is a file beside it.
+  const options: StartOptions = sea ? { rpcHost: { command: process.execPath, args: ['rpc-host'] } } : {};
   main(process.argv.slice(2), options).then((code) => process.exit(code));
 }

@@ -49,6 +49,15 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
     ['hydra_slots_busy', 'gauge', 'slots generating now', engine.slots.busy],
     ['hydra_requests_rejected_queue_full_total', 'counter', 'requests answered 429', c.rejectedQueueFull],
   ];
+  for (const [rebuild, n] of Object.entries(c.rebuildFailures)) {
+    samples.push([
+      'hydra_rebuild_failures_total',
+      'counter',
+      'T2/T3 rebuilds that failed, at once or deferred (the previous configuration is restored)',
+      n,
+      { rebuild },
+    ]);
+  }
   for (const [reason, n] of Object.entries(c.requests)) {
     samples.push([
       'hydra_requests_total',
@@ -67,19 +76,51 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
         num(port.connections, 'accepted'),
       ],
       ['hydra_rpc_sessions_active', 'gauge', 'ggml-RPC sessions being served', port.rpc.active],
-      ['hydra_rpc_sessions_queued', 'gauge', 'ggml-RPC connections waiting for a worker', port.rpc.queued],
+      ['hydra_rpc_sessions_queued', 'gauge', 'ggml-RPC connections waiting for a host', port.rpc.queued],
       ['hydra_rpc_sessions_served_total', 'counter', 'ggml-RPC sessions finished', port.rpc.served],
       [
         'hydra_rpc_sessions_refused_total',
         'counter',
-        'ggml-RPC connections refused (pool and queue full)',
+        'ggml-RPC connections refused (pool and queue full, per-source cap, closing)',
         port.rpc.refused,
       ],
       [
         'hydra_rpc_sessions_failed_total',
         'counter',
-        'ggml-RPC sessions whose worker failed',
+        'ggml-RPC sessions whose host reported an error',
         port.rpc.failed,
+      ],
+      [
+        'hydra_rpc_sessions_crashed_total',
+        'counter',
+        'ggml-RPC sessions ended by their host process dying',
+        num(port.rpc, 'crashed'),
+      ],
+      [
+        'hydra_rpc_queue_timeouts_total',
+        'counter',
+        'queued ggml-RPC connections closed for waiting too long',
+        num(port.rpc, 'queueTimeouts'),
+      ],
+      ['hydra_rpc_hosts', 'gauge', 'ggml-RPC host processes alive', num(port.rpc, 'hosts')],
+      [
+        'hydra_port_connections_refused_total',
+        'counter',
+        'merged-port connections refused by a connection cap',
+        num(port.connections, 'refusedByCap'),
+      ],
+      ['hydra_hydra_sessions_active', 'gauge', 'Hydra control sessions open', num(port.hydra, 'active')],
+      [
+        'hydra_hydra_sessions_refused_total',
+        'counter',
+        'Hydra sessions refused by a session cap',
+        num(port.hydra, 'refused'),
+      ],
+      [
+        'hydra_hydra_idle_timeouts_total',
+        'counter',
+        'Hydra sessions closed for being idle',
+        num(port.hydra, 'idleTimeouts'),
       ],
       [
         'hydra_rpc_bytes_in_total',

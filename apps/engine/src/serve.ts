@@ -1,13 +1,7 @@
 import { basename } from 'node:path';
-import { HydraPort, OPCODES } from '@hydra-engine/hydra-rpc';
-import {
-  detachFd,
-  initBackend,
-  installRpcAbortPark,
-  peekFirstByte,
-  rpcWorkerPath,
-  shutdownFd,
-} from '@hydra-engine/native-ggml';
+import { HydraPort, OPCODES, type RpcHostSpec } from '@hydra-engine/hydra-rpc';
+import { initBackend, installRpcAbortPark, peekFirstByte } from '@hydra-engine/native-ggml';
+import { rpcHostPath } from '@hydra-engine/native-ggml/rpc-host';
 import { DRAIN_TIMEOUT_ENV, parseDrainTimeout } from '@hydra-engine/tiering';
 import type { ServeArgs } from './args.js';
 import { PeerWatchdog } from './combine/watchdog.js';
@@ -42,8 +36,11 @@ export interface RunningEngine {
 export interface StartOptions {
   /** Where progress and log lines go (default stderr). */
   log?: { write(text: string): unknown; isTTY?: boolean };
-  /** Path of the rpc worker module; the single executable ships its own bundle. */
-  rpcWorkerFilename?: string;
+  /**
+   * The child process that serves ggml-RPC sessions: default node running native-ggml's rpc-host;
+   * the single executable runs itself with `rpc-host`.
+   */
+  rpcHost?: RpcHostSpec;
 }
 
 function progressPrinter(
@@ -139,12 +136,22 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   const wantedRpc = t4.rpc_port as number;
   if (wantedRpc > 0) {
     initBackend();
+    const s = args.settings;
     port = new HydraPort({
       host,
       port: wantedRpc,
       allowFrom,
-      native: { peekFirstByte, detachFd, shutdownFd },
-      rpcWorker: { filename: options.rpcWorkerFilename ?? rpcWorkerPath },
+      native: { peekFirstByte },
+      rpcHost: options.rpcHost ?? { args: [rpcHostPath] },
+      poolSize: s.rpcPoolSize,
+      queueSize: s.rpcQueueSize,
+      queueTimeoutMs: s.rpcQueueTimeoutMs,
+      ...(s.rpcMaxPerSource > 0 ? { rpcMaxPerSource: s.rpcMaxPerSource } : {}),
+      maxConnections: s.portMaxConnections,
+      maxConnectionsPerSource: s.portMaxConnectionsPerSource,
+      maxHydraSessions: s.hydraMaxSessions,
+      maxHydraSessionsPerSource: s.hydraMaxSessionsPerSource,
+      idleTimeoutMs: s.hydraIdleTimeoutMs,
       logger: { info, warn: info, error: info },
     });
     port.handle('HELLO', () => ({
@@ -171,7 +178,13 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       );
     }
     info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
-    weights = startWeightsIndexer({ engine, files: args.settings.rpcWeights, log: info });
+    const served = port;
+    weights = startWeightsIndexer({
+      engine,
+      files: args.settings.rpcWeights,
+      log: info,
+      onFile: (file) => served.broadcastToHosts({ weights: file }),
+    });
   }
   const watchdog = new PeerWatchdog({ engine, log: info });
   let loaded: Promise<void> = Promise.resolve();

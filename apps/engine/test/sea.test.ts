@@ -2,7 +2,9 @@ import { spawn } from 'node:child_process';
 import { copyFileSync, mkdtempSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { expect, it } from 'vitest';
+import { freeLoopbackPort } from '../src/ports.js';
 import { tinyModel } from './helpers.js';
 
 const dist = new URL('../dist/', import.meta.url).pathname;
@@ -24,7 +26,9 @@ it('the single executable starts from a copied folder with a clean environment a
   const { chmodSync } = await import('node:fs');
   chmodSync(exe, 0o755);
   // No PATH, no HOME, no NODE_*: nothing of this machine's Node install is reachable.
-  const p = spawn(exe, ['-m', model, '--port', '0', '--progress', 'lines', '-t', '1'], {
+  const rpcPort = await freeLoopbackPort();
+  const args = ['-m', model, '--port', '0', '--progress', 'lines', '-t', '1', '--rpc-port', String(rpcPort)];
+  const p = spawn(exe, args, {
     env: {},
     cwd: dir,
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -51,6 +55,8 @@ it('the single executable starts from a copied folder with a clean environment a
     };
     expect(body.usage.completion_tokens).toBe(6);
     expect(body.choices[0]!.finish_reason).toBe('length');
+    // ggml-RPC is served by copies of the executable (`hydra-engine rpc-host`)
+    expect((await probeRpcServer(`127.0.0.1:${rpcPort}`, 10_000)).major).toBe(6);
   } finally {
     p.kill('SIGTERM');
   }

@@ -178,10 +178,13 @@ async function ggmlRpcHelloFigure(): Promise<Figure | string> {
   // Loaded by path: hydra-rpc does not depend on native-ggml; the bench wires them as the engine would.
   const native = (await import(pathToFileURL(entry).href)) as {
     peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
-    detachFd(fd: number): number;
-    rpcWorkerPath: string;
   };
-  const port = new HydraPort({ native, rpcWorker: { filename: native.rpcWorkerPath }, logger: console });
+  const host = join(nativeDir, 'dist', 'rpc-host.js');
+  const port = new HydraPort({
+    native: { peekFirstByte: native.peekFirstByte },
+    rpcHost: { args: [host] },
+    logger: console,
+  });
   const { port: ourPort } = await port.listen();
   const probe = createServer();
   await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));

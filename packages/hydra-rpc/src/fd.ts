@@ -17,3 +17,16 @@ export function socketFd(socket: Socket): number {
   }
   return fd;
 }
+
+/**
+ * Node's handle of an accepted TCP socket (`socket._handle`, internal like its fd), which
+ * `child.send(message, handle)` passes to a child process as a raw handle that does not read:
+ * the bytes the native peek left unread stay unread for the host.
+ */
+export function socketHandle(socket: Socket): object {
+  const handle = (socket as unknown as { _handle?: { fd?: unknown } | null })._handle;
+  if (handle === null || handle === undefined || typeof handle !== 'object') {
+    throw new HydraError('HYDRA_ERR_INTERNAL', 'socket handle unavailable (the socket is closed)');
+  }
+  return handle;
+}

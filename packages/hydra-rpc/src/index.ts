@@ -23,7 +23,7 @@ export {
   type OpcodeName,
   opcodeName,
 } from './opcodes.js';
-export type { RpcPoolStats, RpcSessionStats, RpcWorkerSpec } from './pool.js';
+export type { RpcHostSpec, RpcPoolStats, RpcSessionStats } from './pool.js';
 export { HydraPort, type HydraPortOptions, type HydraPortStats, type NativeFdOps } from './port.js';
 export type { HandlerContext, HydraHandler, HydraSessionStats } from './session.js';
 export type * from './types.js';

@@ -1,12 +1,17 @@
-import { Piscina } from 'piscina';
+import { type ChildProcess, spawn } from 'node:child_process';
 import type { Logger } from './logger.js';
 
-/** The worker module that serves one ggml-RPC session per task (an embedder's file). */
-export interface RpcWorkerSpec {
-  /** Absolute path or `file:` URL of a module whose default export serves `{fd}` and returns stats. */
-  filename: string | URL;
-  /** Passed to every worker thread as piscina's `workerData`. */
-  workerData?: unknown;
+/**
+ * The child process that serves ggml-RPC sessions, one at a time (an embedder's program that speaks
+ * the host protocol of README.md, "Host processes"; native-ggml's `rpc-host` is one).
+ */
+export interface RpcHostSpec {
+  /** Executable to spawn; default `process.execPath`. */
+  command?: string;
+  /** Its arguments, e.g. `[hostModulePath]` with node, or `['rpc-host']` for a single executable. */
+  args: readonly string[];
+  /** Environment of the child; default this process's. */
+  env?: NodeJS.ProcessEnv;
 }
 
 /** What one served ggml-RPC session reports when it ends (missing fields count as 0). */
@@ -15,92 +20,181 @@ export interface RpcSessionStats {
   bytesOut: number;
   commands: number;
   setTensorBytes: number;
+  setTensorHashHits: number;
 }
 
-/** Counters of the ggml-RPC pool. */
+/** Counters of the ggml-RPC pool. Session counters include the live figures of running sessions. */
 export interface RpcPoolStats extends RpcSessionStats {
-  /** Sessions running on a worker now. */
+  /** Sessions running in a host process now. */
   active: number;
-  /** Admitted sessions waiting for a worker. */
+  /** Admitted sessions waiting for a host. */
   queued: number;
-  /** Connections turned away because pool and queue were full (or the port was closing). */
+  /** Connections turned away (pool and queue full, per-source cap, or the port closing). */
   refused: number;
-  /** Sessions that ended normally. */
+  /** Of `refused`: turned away because their source address held `maxPerSource` sessions. */
+  refusedBySource: number;
+  /** Queued connections closed because no host was free within `queueTimeoutMs`. */
+  queueTimeouts: number;
+  /** Sessions that ended normally (the client left, or the host ended the session on bad input). */
   served: number;
-  /** Sessions whose worker task threw. */
+  /** Sessions whose host reported an error (e.g. no backend for the served devices). */
   failed: number;
+  /** Sessions ended because their host process died (signal, abort, exit); the host is replaced. */
+  crashed: number;
+  /** Host processes alive now (serving, idle or starting). */
+  hosts: number;
+  /** Host processes started since the pool was created. */
+  hostsSpawned: number;
 }
 
-/** One admitted session: started when a worker is free, or aborted if the pool closes first. */
+/** One admitted session: started when a host is free, or aborted if it times out or the pool closes first. */
 export interface RpcJob {
   /** Describes the session in log lines. */
   readonly label: string;
-  /** Called when a worker is free; returns the task for the worker (e.g. `{fd}`). */
-  start(): Record<string, unknown>;
-  /** Called instead of start() when the pool closes while the job is queued. */
+  /** The source address, for the per-source cap. */
+  readonly source: string;
+  /**
+   * Called when a host is free. Returns the task fields for the host and the OS handle of the
+   * connection (Node's `socket._handle`), which is passed to the host over IPC.
+   */
+  start(): { task: Record<string, unknown>; handle: object };
+  /** Called once the handle was sent (or could not be): the caller closes its copy. */
+  sent(): void;
+  /** Called instead of start() when the job leaves the queue unserved (timeout, pool closing). */
   abort(): void;
-  /** Called when the running task ended (served or failed). */
+  /** Called when the session ended (served, failed or crashed). */
   ended?(): void;
 }
 
-interface PoolConfig {
-  worker: RpcWorkerSpec;
+export interface PoolConfig {
+  host: RpcHostSpec;
   size: number;
   queueSize: number;
+  /** Running plus queued sessions one source address may hold. */
+  maxPerSource: number;
+  /** A queued connection waiting longer than this is closed. */
+  queueTimeoutMs: number;
+  /** An idle host beyond the one kept warm exits after this; default 10 000 ms. */
+  idleLingerMs?: number;
+  /** A busy pool starts its next warm host this long after a session took the last one; default 250 ms. */
+  warmDelayMs?: number;
   logger: Logger;
 }
 
-const STAT_KEYS = ['bytesIn', 'bytesOut', 'commands', 'setTensorBytes'] as const;
+type HostMessage =
+  | { t: 'ready' }
+  | { t: 'progress'; id: number; stats: Partial<RpcSessionStats> }
+  | { t: 'done'; id: number; result: Record<string, unknown> }
+  | { t: 'failed'; id: number; error: { code?: string; message: string } }
+  | { t: 'setup-failed'; data: unknown; error: { code?: string; message: string } };
+
+interface Running {
+  id: number;
+  job: RpcJob;
+  live: Partial<RpcSessionStats>;
+}
+
+interface Host {
+  child: ChildProcess;
+  pid: number | undefined;
+  ready: boolean;
+  running: Running | undefined;
+  exited: Promise<void>;
+  /** Set when the pool itself stopped the host (retired or shut down): its exit is no crash. */
+  stopping: boolean;
+  /** Runs out when this host has been idle `idleLingerMs` while another idle host exists. */
+  idleTimer: NodeJS.Timeout | undefined;
+}
+
+interface Queued {
+  job: RpcJob;
+  timer: NodeJS.Timeout;
+}
+
+const STAT_KEYS = ['bytesIn', 'bytesOut', 'commands', 'setTensorBytes', 'setTensorHashHits'] as const;
+const MAX_LOG_LINE = 4096;
 
 /**
- * A bounded pool of ggml-RPC sessions over piscina. Admission is decided here, not by piscina's
- * own queue, so that a refused connection is refused before its fd is detached and an active
- * session is never dropped to make room.
+ * A bounded pool of ggml-RPC sessions, each served in a child process that receives the
+ * connection's fd: a crash inside ggml (an assert in a compute thread, a CUDA fault) ends that
+ * session only. Admission is decided here, so a refused connection is refused before anything is
+ * handed over and an active session is never dropped to make room. Hosts are spawned on demand,
+ * with at most one kept idle (warm) so a session rarely waits for a process start; each device
+ * backend a host creates costs memory (a CUDA context per process), so idle hosts beyond one exit.
  */
 export class RpcPool {
   readonly #config: PoolConfig;
-  readonly #piscina: Piscina;
-  readonly #queue: RpcJob[] = [];
-  readonly #running = new Set<Promise<void>>();
-  readonly #totals: RpcSessionStats = { bytesIn: 0, bytesOut: 0, commands: 0, setTensorBytes: 0 };
+  readonly #queue: Queued[] = [];
+  readonly #hosts = new Set<Host>();
+  readonly #setup: unknown[] = [];
+  readonly #perSource = new Map<string, number>();
+  readonly #totals: RpcSessionStats = {
+    bytesIn: 0,
+    bytesOut: 0,
+    commands: 0,
+    setTensorBytes: 0,
+    setTensorHashHits: 0,
+  };
+  readonly #sessionEnded = new Set<() => void>();
+  #nextId = 1;
   #active = 0;
   #refused = 0;
+  #refusedBySource = 0;
+  #queueTimeouts = 0;
   #served = 0;
   #failed = 0;
+  #crashed = 0;
+  #spawned = 0;
   #closing = false;
+  #warmTimer: NodeJS.Timeout | undefined;
 
   constructor(config: PoolConfig) {
     this.#config = config;
-    const filename = config.worker.filename;
-    this.#piscina = new Piscina({
-      filename: filename instanceof URL ? filename.href : filename,
-      workerData: config.worker.workerData,
-      minThreads: config.size,
-      maxThreads: config.size,
-      concurrentTasksPerWorker: 1,
-      idleTimeout: Number.POSITIVE_INFINITY,
-    });
-    // A worker that dies between tasks must not take the process down; its task's promise rejects.
-    this.#piscina.on('error', (err: unknown) =>
-      config.logger.error('hydra-rpc: ggml-RPC worker error', { err }),
-    );
   }
 
-  /** True when one more session would be admitted now. */
+  /** Starts the warm host, so the first session does not wait for a process start. */
+  warm(): void {
+    this.#keepWarm();
+  }
+
+  /**
+   * Sends `data` to every host, now and to each one spawned later, before any session it serves
+   * (e.g. files to index for SET_TENSOR_HASH). A host that cannot apply it logs and reports it.
+   */
+  broadcast(data: unknown): void {
+    this.#setup.push(data);
+    for (const host of this.#hosts) this.#send(host, { t: 'setup', data });
+  }
+
+  /** True when one more session would be admitted now (ignoring the per-source cap). */
   get hasRoom(): boolean {
     return !this.#closing && this.#active + this.#queue.length < this.#config.size + this.#config.queueSize;
   }
 
   /**
-   * Starts `job` on a free worker or queues it. Returns false, counts and logs a refusal when pool
-   * and queue are full; the caller then closes the connection.
+   * Starts `job` on a free host or queues it. Returns false, counts and logs a refusal when pool and
+   * queue are full or its source holds its share already; the caller then closes the connection.
    */
   admit(job: RpcJob): boolean {
     if (!this.hasRoom) {
       this.refuse(job.label, this.#closing ? 'port is closing' : 'pool and queue are full');
       return false;
     }
-    this.#queue.push(job);
+    const held = this.#perSource.get(job.source) ?? 0;
+    if (held >= this.#config.maxPerSource) {
+      this.#refusedBySource++;
+      this.refuse(
+        job.label,
+        `its address holds ${held} sessions (maxPerSource ${this.#config.maxPerSource})`,
+      );
+      return false;
+    }
+    this.#perSource.set(job.source, held + 1);
+    const queued: Queued = {
+      job,
+      timer: setTimeout(() => this.#expire(queued), this.#config.queueTimeoutMs),
+    };
+    this.#queue.push(queued);
     this.#pump();
     return true;
   }
@@ -117,87 +211,323 @@ export class RpcPool {
   }
 
   stats(): RpcPoolStats {
-    return {
+    const out: RpcPoolStats = {
       active: this.#active,
       queued: this.#queue.length,
       refused: this.#refused,
+      refusedBySource: this.#refusedBySource,
+      queueTimeouts: this.#queueTimeouts,
       served: this.#served,
       failed: this.#failed,
+      crashed: this.#crashed,
+      hosts: this.#hosts.size,
+      hostsSpawned: this.#spawned,
       ...this.#totals,
     };
+    for (const host of this.#hosts) {
+      if (host.running) addStats(out, host.running.live);
+    }
+    return out;
+  }
+
+  /** The running sessions and the process serving each. */
+  sessions(): { label: string; source: string; pid: number | undefined }[] {
+    return [...this.#hosts]
+      .filter((h) => h.running !== undefined)
+      .map((h) => ({ label: h.running!.job.label, source: h.running!.job.source, pid: h.pid }));
+  }
+
+  /** Process ids of the live hosts (for tests and diagnostics). */
+  hostPids(): number[] {
+    return [...this.#hosts].map((h) => h.pid).filter((p): p is number => p !== undefined);
+  }
+
+  #expire(queued: Queued): void {
+    const at = this.#queue.indexOf(queued);
+    if (at < 0) return;
+    this.#queue.splice(at, 1);
+    this.#queueTimeouts++;
+    this.#release(queued.job.source);
+    this.#config.logger.warn(
+      `hydra-rpc: closed queued ggml-RPC connection from ${queued.job.label}: no free host in ${this.#config.queueTimeoutMs} ms`,
+    );
+    queued.job.abort();
+  }
+
+  #release(source: string): void {
+    const held = (this.#perSource.get(source) ?? 1) - 1;
+    if (held > 0) this.#perSource.set(source, held);
+    else this.#perSource.delete(source);
+  }
+
+  #spawn(): Host {
+    const spec = this.#config.host;
+    const child = spawn(spec.command ?? process.execPath, [...spec.args], {
+      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
+      env: spec.env ?? process.env,
+    });
+    this.#spawned++;
+    const host: Host = {
+      child,
+      pid: child.pid,
+      ready: false,
+      running: undefined,
+      stopping: false,
+      idleTimer: undefined,
+      exited: new Promise((resolve) => {
+        child.once('exit', (code, signal) => {
+          this.#onExit(host, code, signal);
+          resolve();
+        });
+      }),
+    };
+    this.#hosts.add(host);
+    child.on('error', (err) => this.#config.logger.error('hydra-rpc: ggml-RPC host error', { err }));
+    child.on('message', (message: HostMessage) => this.#onMessage(host, message));
+    this.#forwardStderr(host);
+    for (const data of this.#setup) this.#send(host, { t: 'setup', data });
+    return host;
+  }
+
+  // The host's stderr (ggml's log, native one-liners) goes to the port's logger, a line at a time.
+  #forwardStderr(host: Host): void {
+    let pending = '';
+    host.child.stderr?.setEncoding('utf8');
+    host.child.stderr?.on('data', (text: string) => {
+      pending += text;
+      for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
+        const line = pending.slice(0, nl);
+        pending = pending.slice(nl + 1);
+        if (line.length > 0)
+          this.#config.logger.info(`hydra-rpc: host ${host.pid}: ${line.slice(0, MAX_LOG_LINE)}`);
+      }
+      if (pending.length > MAX_LOG_LINE) pending = pending.slice(0, MAX_LOG_LINE);
+    });
+  }
+
+  #send(host: Host, message: unknown, handle?: object, callback?: (err: Error | null) => void): void {
+    const done = callback ?? (() => {});
+    if (!host.child.connected) {
+      done(new Error('host has exited'));
+      return;
+    }
+    try {
+      host.child.send(message as never, handle as never, {}, done);
+    } catch (err) {
+      done(err as Error);
+    }
+  }
+
+  #onMessage(host: Host, message: HostMessage): void {
+    if (typeof message !== 'object' || message === null) return;
+    const running = host.running;
+    switch (message.t) {
+      case 'ready':
+        host.ready = true;
+        return;
+      case 'progress':
+        if (running && running.id === message.id) running.live = message.stats ?? {};
+        return;
+      case 'setup-failed':
+        this.#config.logger.warn('hydra-rpc: a ggml-RPC host could not apply its setup', {
+          data: message.data,
+          error: message.error,
+        });
+        return;
+      case 'done':
+      case 'failed': {
+        if (!running || running.id !== message.id) return;
+        host.running = undefined;
+        if (message.t === 'done') {
+          this.#served++;
+          addStats(this.#totals, message.result);
+          const reason = message.result?.error;
+          if (typeof reason === 'string' && reason !== '')
+            this.#config.logger.info(`hydra-rpc: ggml-RPC session for ${running.job.label} ended: ${reason}`);
+        } else {
+          this.#failed++;
+          addStats(this.#totals, running.live);
+          this.#config.logger.error(`hydra-rpc: ggml-RPC session for ${running.job.label} failed`, {
+            err: message.error,
+          });
+        }
+        this.#finish(running);
+        this.#pump();
+        if (host.running === undefined) this.#lingerIdle(host);
+        return;
+      }
+    }
+  }
+
+  #onExit(host: Host, code: number | null, signal: NodeJS.Signals | null): void {
+    this.#hosts.delete(host);
+    clearTimeout(host.idleTimer);
+    const running = host.running;
+    host.running = undefined;
+    const cause = signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
+    if (running) {
+      this.#crashed++;
+      addStats(this.#totals, running.live);
+      this.#config.logger.error(
+        `hydra-rpc: ggml-RPC session for ${running.job.label} ended: its host process ${host.pid} ${cause}`,
+      );
+      this.#finish(running);
+    } else if (!host.stopping && !this.#closing) {
+      this.#config.logger.warn(`hydra-rpc: idle ggml-RPC host process ${host.pid} ${cause}`);
+    }
+    if (this.#closing) return;
+    // A host that died before it was ever ready is not replaced at once: a host that cannot start
+    // (a missing addon, a broken driver) must not become a spawn loop. The next session spawns one.
+    if (host.ready || running) this.#keepWarm();
+    this.#pump();
+  }
+
+  #finish(running: Running): void {
+    this.#active--;
+    this.#release(running.job.source);
+    try {
+      running.job.ended?.();
+    } catch (err) {
+      this.#config.logger.error('hydra-rpc: ended() failed', { err });
+    }
+    for (const notify of this.#sessionEnded) notify();
+  }
+
+  #idleHosts(): Host[] {
+    return [...this.#hosts].filter((h) => h.running === undefined && !h.stopping && h.child.connected);
+  }
+
+  #keepWarm(): void {
+    if (this.#closing) return;
+    if (this.#idleHosts().length > 0) return;
+    if (this.#hosts.size >= this.#config.size + 1) return;
+    this.#spawn();
+  }
+
+  // Short sessions (a head's probes open and close a connection each) must not churn processes:
+  // a host that falls idle lingers, and exits only if it is still idle, and not the last idle one,
+  // when the linger runs out.
+  #lingerIdle(host: Host): void {
+    clearTimeout(host.idleTimer);
+    host.idleTimer = setTimeout(() => {
+      host.idleTimer = undefined;
+      if (host.running !== undefined || host.stopping) return;
+      if (this.#idleHosts().length > 1) this.#stop(host);
+    }, this.#config.idleLingerMs ?? 10_000);
+    host.idleTimer.unref();
+  }
+
+  #keepWarmSoon(): void {
+    if (this.#warmTimer !== undefined) return;
+    this.#warmTimer = setTimeout(() => {
+      this.#warmTimer = undefined;
+      this.#keepWarm();
+    }, this.#config.warmDelayMs ?? 250);
+    this.#warmTimer.unref();
+  }
+
+  #stop(host: Host): void {
+    host.stopping = true;
+    // The host exits when its IPC channel closes (see native-ggml's rpc-host).
+    if (host.child.connected) host.child.disconnect();
   }
 
   #pump(): void {
-    while (this.#active < this.#config.size && this.#queue.length > 0) {
-      const job = this.#queue.shift()!;
-      let task: Record<string, unknown>;
+    while (!this.#closing && this.#active < this.#config.size && this.#queue.length > 0) {
+      const queued = this.#queue.shift()!;
+      clearTimeout(queued.timer);
+      const { job } = queued;
+      const idle = this.#idleHosts();
+      const host = idle.find((h) => h.ready) ?? idle[0] ?? this.#spawn();
+      let start: ReturnType<RpcJob['start']>;
       try {
-        task = job.start();
+        start = job.start();
       } catch (err) {
         this.#failed++;
+        this.#release(job.source);
         this.#config.logger.error(`hydra-rpc: could not start ggml-RPC session for ${job.label}`, { err });
         continue;
       }
       this.#active++;
-      const run = this.#piscina
-        .run(task)
-        .then(
-          (result: unknown) => {
-            this.#served++;
-            this.#add(result);
-          },
-          (err: unknown) => {
-            this.#failed++;
-            this.#config.logger.error(`hydra-rpc: ggml-RPC session for ${job.label} failed`, { err });
-          },
-        )
-        .finally(() => {
-          this.#active--;
-          this.#running.delete(run);
-          job.ended?.();
+      const running: Running = { id: this.#nextId++, job, live: {} };
+      host.running = running;
+      clearTimeout(host.idleTimer);
+      host.idleTimer = undefined;
+      this.#send(host, { t: 'serve', id: running.id, task: start.task }, start.handle, (err) => {
+        job.sent();
+        if (err && host.running === running) {
+          // The host is gone or its channel broke: the exit handler counts it, or this does.
+          host.running = undefined;
+          this.#failed++;
+          this.#config.logger.error(`hydra-rpc: could not hand ${job.label} to a ggml-RPC host`, { err });
+          this.#finish(running);
+          this.#stop(host);
           this.#pump();
-        });
-      this.#running.add(run);
-    }
-  }
-
-  #add(result: unknown): void {
-    if (typeof result !== 'object' || result === null) return;
-    for (const key of STAT_KEYS) {
-      const value = (result as Record<string, unknown>)[key];
-      if (typeof value === 'number' && Number.isFinite(value)) this.#totals[key] += value;
+        }
+      });
+      this.#keepWarmSoon();
     }
   }
 
   /**
-   * Stops admitting, aborts queued jobs, waits for running sessions up to `timeoutMs`, then calls
-   * `onTimeout` (which should cut the remaining connections) and tears the workers down.
+   * Stops admitting, aborts queued jobs, waits for running sessions up to `timeoutMs`, then kills
+   * the hosts still serving (which cuts their connections) and stops the rest.
    */
-  async close(timeoutMs: number, onTimeout?: () => void): Promise<void> {
+  async close(timeoutMs: number): Promise<void> {
     this.#closing = true;
-    for (const job of this.#queue.splice(0)) job.abort();
-    if (this.#running.size > 0) {
-      let timer: NodeJS.Timeout | undefined;
-      const timedOut = await Promise.race([
-        Promise.allSettled([...this.#running]).then(() => false),
-        new Promise<boolean>((resolve) => {
-          timer = setTimeout(() => resolve(true), timeoutMs);
-        }),
-      ]);
-      clearTimeout(timer);
-      if (timedOut) {
+    clearTimeout(this.#warmTimer);
+    for (const host of this.#hosts) clearTimeout(host.idleTimer);
+    for (const queued of this.#queue.splice(0)) {
+      clearTimeout(queued.timer);
+      this.#release(queued.job.source);
+      queued.job.abort();
+    }
+    for (const host of this.#idleHosts()) this.#stop(host);
+    if (this.#active > 0) {
+      const allEnded = new Promise<void>((resolve) => {
+        const check = () => {
+          if (this.#active === 0) {
+            this.#sessionEnded.delete(check);
+            resolve();
+          }
+        };
+        this.#sessionEnded.add(check);
+      });
+      if (!(await within(allEnded, timeoutMs))) {
         this.#config.logger.warn('hydra-rpc: ggml-RPC sessions still running at shutdown timeout', {
           active: this.#active,
         });
-        onTimeout?.();
-        // Give cut sessions a moment to return; a thread stuck in native code cannot be awaited forever.
-        await Promise.race([Promise.allSettled([...this.#running]), delay(1000)]);
+        for (const host of this.#hosts) {
+          host.stopping = true;
+          host.child.kill('SIGKILL');
+        }
       }
     }
-    await Promise.race([this.#piscina.destroy().catch(() => undefined), delay(2000)]);
+    for (const host of this.#hosts) this.#stop(host);
+    const exits = Promise.all([...this.#hosts].map((h) => h.exited));
+    if (!(await within(exits, 2000))) {
+      for (const host of this.#hosts) host.child.kill('SIGKILL');
+      await within(exits, 2000);
+    }
   }
 }
 
-function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+function addStats(into: RpcSessionStats, from: unknown): void {
+  if (typeof from !== 'object' || from === null) return;
+  for (const key of STAT_KEYS) {
+    const value = (from as Record<string, unknown>)[key];
+    if (typeof value === 'number' && Number.isFinite(value) && value > 0) into[key] += value;
+  }
+}
+
+async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const result = await Promise.race([
+    promise.then(() => true),
+    new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), Math.max(0, ms));
+    }),
+  ]);
+  clearTimeout(timer);
+  return result;
 }

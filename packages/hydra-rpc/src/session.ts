@@ -47,12 +47,17 @@ export interface HydraSessionStats {
   errors: Record<string, number>;
   /** Connections closed because a frame stopped arriving. */
   readTimeouts: number;
+  /** Sessions closed because no frame arrived for `idleTimeoutMs`. */
+  idleTimeouts: number;
+  /** Sessions refused at their first byte by `maxHydraSessions` or `maxHydraSessionsPerSource`. */
+  refused: number;
 }
 
 export interface SessionConfig {
   handlers: ReadonlyMap<number, HydraHandler>;
   maxFrameBytes: number;
   readTimeoutMs: number;
+  idleTimeoutMs: number;
   maxPipelined: number;
   logger: Logger;
   stats: HydraSessionStats;
@@ -74,7 +79,9 @@ export class HydraSession {
   #busy = false;
   #reading = true;
   #draining = false;
+  #peerEnded = false;
   #timer: NodeJS.Timeout | undefined;
+  #idleTimer: NodeJS.Timeout | undefined;
 
   constructor(socket: Socket, config: SessionConfig, initial?: Buffer) {
     this.#socket = socket;
@@ -85,6 +92,7 @@ export class HydraSession {
     this.#closed = new Promise((resolve) => {
       socket.once('close', () => {
         clearTimeout(this.#timer);
+        clearTimeout(this.#idleTimer);
         config.stats.active--;
         resolve();
       });
@@ -92,6 +100,14 @@ export class HydraSession {
     // Peer resets are routine; 'close' follows and does the cleanup.
     socket.on('error', () => {});
     socket.on('data', (chunk: Buffer) => this.#onData(chunk));
+    // The port's server is half-open: a client that shut down its sending side after its requests
+    // still gets their replies; the session ends its side once they are written.
+    socket.on('end', () => {
+      this.#peerEnded = true;
+      this.#stopReading();
+      if (this.idle) this.#end();
+    });
+    this.#armIdleTimer();
     if (initial !== undefined) this.#onData(initial);
     socket.resume();
   }
@@ -120,6 +136,7 @@ export class HydraSession {
 
   #onData(chunk: Buffer): void {
     if (!this.#reading) return;
+    this.#armIdleTimer();
     this.#reader.push(chunk);
     for (;;) {
       const result = this.#reader.next();
@@ -157,6 +174,26 @@ export class HydraSession {
       });
       this.#socket.destroy();
     }, this.#config.readTimeoutMs);
+  }
+
+  // Idle means no byte from the client for idleTimeoutMs; a request still being answered is not idle
+  // (the timer re-arms until it is done), and any frame, a STATUS poll included, starts it over.
+  #armIdleTimer(): void {
+    clearTimeout(this.#idleTimer);
+    this.#idleTimer = setTimeout(() => {
+      if (!this.idle) {
+        this.#armIdleTimer();
+        return;
+      }
+      this.#config.stats.idleTimeouts++;
+      this.#config.logger.info('hydra-rpc: Hydra session idle; closing', {
+        remoteAddress: this.#socket.remoteAddress,
+        idleTimeoutMs: this.#config.idleTimeoutMs,
+      });
+      this.#stopReading();
+      this.#end();
+    }, this.#config.idleTimeoutMs);
+    this.#idleTimer.unref();
   }
 
   #stopReading(): void {
@@ -215,7 +252,7 @@ export class HydraSession {
     } finally {
       this.#busy = false;
     }
-    if (this.#draining) this.#end();
+    if (this.#draining || this.#peerEnded) this.#end();
   }
 
   #write(frame: Buffer): Promise<void> {

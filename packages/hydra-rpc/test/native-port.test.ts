@@ -8,18 +8,22 @@ import { frame, memoryLogger, rawExchange, startPort } from './helpers.js';
 // never imports it; this test loads the sibling package's build by path and skips until it exists.
 interface NativeGgml extends NativeFdOps {
   addonCandidates(): string[];
-  rpcWorkerPath: string;
   probeRpcServer(
     endpoint: string,
     timeoutMs?: number,
   ): Promise<{ major: number; minor: number; patch: number }>;
 }
 
+let rpcHostPath = '';
 async function loadNative(): Promise<NativeGgml | undefined> {
   const entry = new URL('../../native-ggml/dist/index.js', import.meta.url);
   if (!existsSync(entry)) return undefined;
   try {
     const mod = (await import(entry.href)) as NativeGgml;
+    const host = (await import(new URL('../../native-ggml/dist/rpc-host.js', import.meta.url).href)) as {
+      rpcHostPath: string;
+    };
+    rpcHostPath = host.rpcHostPath;
     return mod.addonCandidates().some((candidate) => existsSync(candidate)) ? mod : undefined;
   } catch {
     return undefined;
@@ -69,9 +73,9 @@ function readExactly(socket: Socket, n: number, timeoutMs = 5000): Promise<Buffe
   });
 }
 
-function openRpc(portNumber: number): Promise<Socket> {
+function openRpc(portNumber: number, localAddress = '127.0.0.1'): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const s = connect({ port: portNumber, host: '127.0.0.1' }, () => {
+    const s = connect({ port: portNumber, host: '127.0.0.1', localAddress }, () => {
       s.write(Buffer.from([0x0e]));
       resolve(s);
     });
@@ -86,8 +90,8 @@ afterEach(async () => {
 
 async function serveNative(options: Parameters<typeof startPort>[0] = {}) {
   const started = await startPort({
-    native: native!,
-    rpcWorker: { filename: native!.rpcWorkerPath },
+    native: { peekFirstByte: native!.peekFirstByte },
+    rpcHost: { args: [rpcHostPath] },
     shutdownTimeoutMs: 3000,
     handlers: { STATUS: () => ({ state: 'empty' }) },
     ...options,
@@ -140,7 +144,7 @@ describe.skipIf(!nativeAvailable)('merged port with the native ggml-RPC half', (
 
   it('pool size 2, queue 1: the 4th connection is refused, the first two keep working, the queued one starts', async () => {
     const logger = memoryLogger();
-    const { port, portNumber } = await serveNative({ poolSize: 2, queueSize: 1, logger });
+    const { port, portNumber } = await serveNative({ poolSize: 2, queueSize: 1, rpcMaxPerSource: 3, logger });
     const a = await openRpc(portNumber);
     const b = await openRpc(portNumber);
     await vi.waitFor(() => expect(port.stats().rpc.active).toBe(2), { timeout: 5000 });
@@ -186,5 +190,59 @@ describe.skipIf(!nativeAvailable)('merged port with the native ggml-RPC half', (
     s.destroy();
     await closing;
     expect(closedAt - endedAt).toBeLessThan(1000);
+  });
+
+  it('a host process that dies (SIGSEGV) ends its session only: the other session and new ones are served', async () => {
+    const logger = memoryLogger();
+    const { port, portNumber } = await serveNative({ logger });
+    const a = await openRpc(portNumber);
+    const b = await openRpc(portNumber, '127.0.0.2');
+    await vi.waitFor(() => expect(port.rpcSessions()).toHaveLength(2), { timeout: 5000 });
+    const local = a.localPort;
+    const pidA = port.rpcSessions().find((s) => s.label.endsWith(`:${local}`))!.pid!;
+    const aClosed = new Promise((r) => a.once('close', r));
+    process.kill(pidA, 'SIGSEGV');
+    await aClosed;
+    await vi.waitFor(() => expect(port.stats().rpc).toMatchObject({ crashed: 1, active: 1 }), {
+      timeout: 5000,
+    });
+    expect(
+      logger.lines.some((l) => l.level === 'error' && l.message.includes(`${pidA} killed by SIGSEGV`)),
+    ).toBe(true);
+    const reply = readExactly(b, 8 + HELLO_RSP_SIZE);
+    b.write(helloRest());
+    expect((await reply)[8]).toBe(6);
+    const version = await native!.probeRpcServer(`127.0.0.1:${portNumber}`, 5000);
+    expect(version.major).toBe(6);
+    b.destroy();
+    await vi.waitFor(() => expect(port.stats().rpc).toMatchObject({ active: 0, served: 2 }), {
+      timeout: 5000,
+    });
+  });
+
+  it('connections that send only 0x0E: one address holds at most rpcMaxPerSource (pool - 1) sessions, another still gets HELLO', async () => {
+    const { port, portNumber } = await serveNative({ poolSize: 4 });
+    const stalled = await Promise.all([0, 1, 2, 3].map(() => openRpc(portNumber)));
+    await vi.waitFor(() => expect(port.stats().rpc).toMatchObject({ active: 3, refusedBySource: 1 }), {
+      timeout: 5000,
+    });
+    const other = await openRpc(portNumber, '127.0.0.2');
+    const reply = readExactly(other, 8 + HELLO_RSP_SIZE);
+    other.write(helloRest());
+    expect((await reply)[8]).toBe(6);
+    other.destroy();
+    for (const s of stalled) s.destroy();
+  });
+
+  it('no host process outlives close()', async () => {
+    const { port, portNumber } = await serveNative();
+    const s = await openRpc(portNumber);
+    await vi.waitFor(() => expect(port.stats().rpc.active).toBe(1), { timeout: 5000 });
+    // the serving one and, a moment later, the next warm one
+    await vi.waitFor(() => expect(port.hostPids().length).toBe(2), { timeout: 5000 });
+    const pids = port.hostPids();
+    s.destroy();
+    await port.close();
+    for (const pid of pids) expect(() => process.kill(pid, 0)).toThrow();
   });
 });

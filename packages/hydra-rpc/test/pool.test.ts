@@ -1,118 +1,260 @@
+import { once } from 'node:events';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { RpcPool } from '../src/pool.js';
 import { memoryLogger } from './helpers.js';
 
-// The pool's admission and accounting, with a real piscina pool and a worker that holds its thread
-// the way a native ggml-RPC session does. End-to-end ggml-RPC through the port is in native-port.test.ts.
-const worker = { filename: new URL('./fixtures/hold-worker.mjs', import.meta.url) };
-const pools: RpcPool[] = [];
+// The pool's admission, accounting and supervision with real child processes and real TCP
+// connections: the host fixture serves a handed-over connection in JS (echo-host.mjs), so a
+// session's life and its host's death are driven from the client side. ggml-RPC through the port
+// is in native-port.test.ts.
+const host = { args: [new URL('./fixtures/echo-host.mjs', import.meta.url).pathname] };
+const cleanup: (() => Promise<unknown>)[] = [];
 afterEach(async () => {
-  await Promise.all(pools.splice(0).map((p) => p.close(100)));
+  for (const fn of cleanup.splice(0).reverse()) await fn();
 });
 
-function harness(size: number, queueSize: number) {
-  const logger = memoryLogger();
-  const pool = new RpcPool({ worker, size, queueSize, logger });
-  pools.push(pool);
-  const gate = new SharedArrayBuffer(4 * 16);
-  const started = new SharedArrayBuffer(4 * 16);
-  const gates = new Int32Array(gate);
-  const marks = new Int32Array(started);
-  const aborted: number[] = [];
-  const ended: number[] = [];
-  const admit = (id: number) =>
-    pool.admit({
-      label: `session-${id}`,
-      start: () => ({ id, gate, started }),
-      abort: () => aborted.push(id),
-      ended: () => ended.push(id),
-    });
-  const release = (id: number, how: 1 | 2 = 1) => {
-    Atomics.store(gates, id, how);
-    Atomics.notify(gates, id);
-  };
-  const isStarted = (id: number) => Atomics.load(marks, id) === 1;
-  return { pool, logger, admit, release, isStarted, aborted, ended };
+interface Client {
+  socket: Socket;
+  /** The opening line of the session: what the host received with it. */
+  opening: Promise<{ task: Record<string, unknown>; setups: unknown[]; pid: number }>;
+  closed: Promise<void>;
 }
 
-describe('RpcPool', () => {
-  it('size 2, queue 1: the 4th session is refused, the first two keep running, the queued one starts when a slot frees', async () => {
-    const h = harness(2, 1);
-    expect([h.admit(0), h.admit(1), h.admit(2)]).toEqual([true, true, true]);
-    await vi.waitFor(() => expect(h.isStarted(0) && h.isStarted(1)).toBe(true), { timeout: 5000 });
-    expect(h.isStarted(2)).toBe(false);
-    expect(h.pool.stats()).toMatchObject({ active: 2, queued: 1, refused: 0 });
-
-    expect(h.admit(3)).toBe(false);
-    expect(h.pool.stats()).toMatchObject({ active: 2, queued: 1, refused: 1 });
-    expect(h.logger.lines.filter((l) => l.level === 'warn' && l.message.includes('session-3'))).toHaveLength(
-      1,
-    );
-
-    h.release(0);
-    await vi.waitFor(() => expect(h.isStarted(2)).toBe(true), { timeout: 5000 });
-    expect(h.isStarted(3)).toBe(false);
-    expect(h.pool.stats()).toMatchObject({ active: 2, queued: 0, served: 1 });
-    expect(h.ended).toEqual([0]);
-
-    h.release(1);
-    h.release(2);
-    await vi.waitFor(() => expect(h.pool.stats().served).toBe(3), { timeout: 5000 });
-    expect(h.pool.stats()).toEqual({
-      active: 0,
-      queued: 0,
-      refused: 1,
-      served: 3,
-      failed: 0,
-      bytesIn: 100 + 101 + 102,
-      bytesOut: 30,
-      commands: 9,
-      setTensorBytes: 3000,
+async function harness(
+  size: number,
+  queueSize: number,
+  extra: { maxPerSource?: number; queueTimeoutMs?: number; idleLingerMs?: number } = {},
+) {
+  const logger = memoryLogger();
+  const pool = new RpcPool({
+    host,
+    size,
+    queueSize,
+    maxPerSource: extra.maxPerSource ?? size + queueSize,
+    queueTimeoutMs: extra.queueTimeoutMs ?? 30_000,
+    idleLingerMs: extra.idleLingerMs ?? 10_000,
+    warmDelayMs: 0,
+    logger,
+  });
+  cleanup.push(() => pool.close(500));
+  const ended: string[] = [];
+  const aborted: string[] = [];
+  // The server side of each connection goes to the pool, as the merged port hands over its sockets.
+  const server: Server = createServer({ pauseOnConnect: true }, (socket) => {
+    const label = `session-${socket.remotePort}`;
+    const admitted = pool.admit({
+      label,
+      source: socket.remoteAddress ?? '',
+      start: () => ({
+        task: { label },
+        handle: (socket as unknown as { _handle: object })._handle,
+      }),
+      sent: () => socket.destroy(),
+      abort: () => {
+        aborted.push(label);
+        socket.destroy();
+      },
+      ended: () => ended.push(label),
     });
-    expect(h.admit(4)).toBe(true);
-    h.release(4);
-    await vi.waitFor(() => expect(h.pool.stats().served).toBe(4), { timeout: 5000 });
+    if (!admitted) socket.destroy();
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  cleanup.push(() => new Promise((r) => server.close(r)));
+  const portNumber = (server.address() as { port: number }).port;
+  const open = async (localAddress = '127.0.0.1'): Promise<Client> => {
+    const socket = connect({ port: portNumber, host: '127.0.0.1', localAddress });
+    socket.on('error', () => {});
+    await once(socket, 'connect');
+    cleanup.push(async () => socket.destroy());
+    let text = '';
+    const opening = new Promise<Client['opening'] extends Promise<infer T> ? T : never>((resolve) => {
+      const onData = (d: Buffer) => {
+        text += d.toString();
+        const nl = text.indexOf('\n');
+        if (nl >= 0) {
+          socket.off('data', onData);
+          resolve(JSON.parse(text.slice(0, nl)));
+        }
+      };
+      socket.on('data', onData);
+    });
+    const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    return { socket, opening, closed };
+  };
+  return { pool, logger, open, ended, aborted };
+}
+
+describe('RpcPool (child process hosts)', () => {
+  it('size 2, queue 1: the 4th session is refused, the first two keep running, the queued one starts when a slot frees', async () => {
+    const h = await harness(2, 1);
+    const [a, b, c] = [await h.open(), await h.open(), await h.open()];
+    await a.opening;
+    await b.opening;
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ active: 2, queued: 1, refused: 0 }));
+    const d = await h.open();
+    await d.closed;
+    expect(h.pool.stats()).toMatchObject({ active: 2, queued: 1, refused: 1 });
+    expect(
+      h.logger.lines.filter((l) => l.level === 'warn' && l.message.includes('refused ggml-RPC')),
+    ).toHaveLength(1);
+
+    a.socket.write('e');
+    const third = await c.opening;
+    expect(third.task.label).toMatch(/^session-/);
+    expect(h.pool.stats()).toMatchObject({ active: 2, queued: 0, served: 1 });
+    b.socket.write('e');
+    c.socket.write('pe');
+    await vi.waitFor(() => expect(h.pool.stats().served).toBe(3));
+    expect(h.pool.stats()).toMatchObject({ active: 0, queued: 0, refused: 1, failed: 0, crashed: 0 });
+    expect(h.pool.stats().bytesIn).toBe(1 + 1 + 2);
+    expect(h.pool.stats().setTensorBytes).toBe(300);
+    expect(h.ended).toHaveLength(3);
+  });
+
+  it('keeps at most one idle host warm, and reuses it', async () => {
+    const h = await harness(3, 0, { idleLingerMs: 200 });
+    h.pool.warm();
+    await vi.waitFor(() => expect(h.pool.stats().hosts).toBe(1));
+    const clients = [await h.open(), await h.open(), await h.open()];
+    const pids = await Promise.all(clients.map(async (c) => (await c.opening).pid));
+    expect(new Set(pids).size).toBe(3);
+    // three busy and none idle: a fourth process waits warm
+    await vi.waitFor(() => expect(h.pool.stats().hosts).toBe(4));
+    for (const c of clients) c.socket.write('e');
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ served: 3, hosts: 1 }));
+    const live = h.pool.hostPids();
+    const again = await h.open();
+    expect(live).toContain((await again.opening).pid);
+    // the warm one went to work: one more is started to wait warm
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ hosts: 2, hostsSpawned: 5 }));
+  });
+
+  it('short sessions one after another reuse the warm host instead of starting a process each', async () => {
+    const h = await harness(2, 0);
+    h.pool.warm();
+    for (let i = 0; i < 10; i++) {
+      const c = await h.open();
+      await c.opening;
+      c.socket.write('e');
+      await vi.waitFor(() => expect(h.pool.stats().served).toBe(i + 1));
+    }
+    expect(h.pool.stats().hostsSpawned).toBeLessThanOrEqual(2);
+  });
+
+  it('a host that aborts ends its session only: counted as crashed, logged with the signal, replaced', async () => {
+    const h = await harness(2, 0);
+    const a = await h.open();
+    const b = await h.open();
+    const pidA = (await a.opening).pid;
+    await b.opening;
+    a.socket.write('p');
+    await vi.waitFor(() => expect(h.pool.stats().commands).toBe(1));
+    a.socket.write('k');
+    await a.closed;
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ crashed: 1, active: 1 }));
+    expect(h.pool.hostPids()).not.toContain(pidA);
+    expect(
+      h.logger.lines.some(
+        (l) => l.level === 'error' && l.message.includes(`process ${pidA} killed by SIGABRT`),
+      ),
+    ).toBe(true);
+    // the other session is untouched and a new one is served
+    b.socket.write('z');
+    await vi.waitFor(() => expect(b.socket.bytesRead).toBeGreaterThan(0));
+    const c = await h.open();
+    await c.opening;
+    c.socket.write('x');
+    await c.closed;
+    await vi.waitFor(() => expect(h.pool.stats().crashed).toBe(2));
+    expect(h.logger.lines.some((l) => l.message.includes('exited with code 3'))).toBe(true);
+    b.socket.write('e');
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ served: 1, active: 0 }));
+    // counters of the crashed session are kept
+    expect(h.pool.stats().commands).toBeGreaterThanOrEqual(1);
   });
 
   it('counts a failed session and keeps serving', async () => {
-    const h = harness(1, 0);
-    h.admit(0);
-    h.release(0, 2);
-    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ failed: 1, active: 0 }), { timeout: 5000 });
-    expect(h.logger.lines.some((l) => l.level === 'error' && l.message.includes('session-0'))).toBe(true);
-    h.admit(1);
-    h.release(1);
-    await vi.waitFor(() => expect(h.pool.stats().served).toBe(1), { timeout: 5000 });
+    const h = await harness(1, 0);
+    const a = await h.open();
+    await a.opening;
+    a.socket.write('f');
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ failed: 1, active: 0 }));
+    expect(h.logger.lines.some((l) => l.level === 'error' && l.message.includes('failed'))).toBe(true);
+    const b = await h.open();
+    await b.opening;
+    b.socket.write('e');
+    await vi.waitFor(() => expect(h.pool.stats().served).toBe(1));
   });
 
-  it('close aborts queued jobs, waits for running ones, and cuts them at the timeout', async () => {
-    const h = harness(1, 2);
-    h.admit(0);
-    h.admit(1);
-    await vi.waitFor(() => expect(h.isStarted(0)).toBe(true), { timeout: 5000 });
-    const started = Date.now();
-    let cut = false;
-    await h.pool.close(300, () => {
-      cut = true;
-      h.release(0);
-    });
-    expect(cut).toBe(true);
-    expect(Date.now() - started).toBeLessThan(2500);
-    expect(h.aborted).toEqual([1]);
-    expect(h.isStarted(1)).toBe(false);
-    expect(h.pool.stats()).toMatchObject({ served: 1, active: 0, queued: 0 });
-    expect(h.admit(2)).toBe(false);
+  it('one source address holds at most maxPerSource sessions; another address is still admitted', async () => {
+    const h = await harness(4, 4, { maxPerSource: 2 });
+    const mine = [await h.open(), await h.open()];
+    for (const c of mine) await c.opening;
+    const third = await h.open();
+    await third.closed;
+    expect(h.pool.stats()).toMatchObject({ active: 2, refused: 1, refusedBySource: 1 });
+    const other = await h.open('127.0.0.2');
+    await other.opening;
+    expect(h.pool.stats().active).toBe(3);
+    mine[0]!.socket.write('e');
+    await vi.waitFor(() => expect(h.pool.stats().served).toBe(1));
+    const again = await h.open();
+    await again.opening;
+  });
+
+  it('a queued connection is closed after queueTimeoutMs and its source slot freed', async () => {
+    const h = await harness(1, 2, { queueTimeoutMs: 300 });
+    const a = await h.open();
+    await a.opening;
+    const waiting = await h.open();
+    await vi.waitFor(() => expect(h.pool.stats().queued).toBe(1));
+    const t0 = Date.now();
+    await waiting.closed;
+    expect(Date.now() - t0).toBeLessThan(2000);
+    expect(h.pool.stats()).toMatchObject({ queued: 0, queueTimeouts: 1, active: 1 });
+    expect(h.aborted).toHaveLength(1);
+    expect(h.logger.lines.some((l) => l.level === 'warn' && l.message.includes('no free host'))).toBe(true);
+  });
+
+  it('setup broadcasts reach every host before its sessions, including hosts spawned later', async () => {
+    const h = await harness(2, 0);
+    h.pool.warm();
+    h.pool.broadcast({ weights: '/a.gguf' });
+    const a = await h.open();
+    expect((await a.opening).setups).toEqual([{ weights: '/a.gguf' }]);
+    h.pool.broadcast({ weights: '/b.gguf' });
+    const b = await h.open();
+    expect((await b.opening).setups).toEqual([{ weights: '/a.gguf' }, { weights: '/b.gguf' }]);
+  });
+
+  it('close waits for running sessions, then kills their hosts at the timeout; no host outlives it', async () => {
+    const h = await harness(2, 1);
+    const a = await h.open();
+    await a.opening;
+    const queued = [await h.open(), await h.open()];
+    await vi.waitFor(() => expect(h.pool.stats().queued).toBe(1));
+    const pids = h.pool.hostPids();
+    const t0 = Date.now();
+    await h.pool.close(300);
+    expect(Date.now() - t0).toBeLessThan(3000);
+    await a.closed;
+    expect(h.aborted).toHaveLength(1);
+    for (const pid of pids) expect(() => process.kill(pid, 0)).toThrow();
+    expect(h.pool.stats().hosts).toBe(0);
+    void queued;
   });
 
   it('close resolves soon after the running sessions end', async () => {
-    const h = harness(2, 0);
-    h.admit(0);
-    await vi.waitFor(() => expect(h.isStarted(0)).toBe(true), { timeout: 5000 });
+    const h = await harness(2, 0);
+    const a = await h.open();
+    await a.opening;
     const closing = h.pool.close(10_000);
-    setTimeout(() => h.release(0), 100);
-    const started = Date.now();
+    setTimeout(() => a.socket.write('e'), 100);
+    const t0 = Date.now();
     await closing;
-    expect(Date.now() - started).toBeLessThan(1100);
+    expect(Date.now() - t0).toBeLessThan(2500);
     expect(h.pool.stats().served).toBe(1);
   });
 });

@@ -85,7 +85,8 @@ describe('first-byte dispatch', () => {
     );
     expect(rpcRefused).toEqual({ received: Buffer.alloc(0), closed: true });
     expect(port.stats().connections.refusedByAllowlist).toBe(2);
-    expect(logger.lines.filter((l) => l.level === 'warn' && l.message.includes('127.0.0.2'))).toHaveLength(2);
+    // refusals of one kind are logged at most once a second (the count says how many)
+    expect(logger.lines.filter((l) => l.level === 'warn' && l.message.includes('127.0.0.2'))).toHaveLength(1);
     const allowed = await rawExchange(portNumber, frame(0x31, '{}'), 300, '127.0.0.1');
     expect(splitFrames(allowed.received)).toHaveLength(1);
   });
@@ -392,7 +393,15 @@ describe('options', () => {
     [{ maxFrameBytes: -1 }, 'maxFrameBytes'],
     [{ allowFrom: ['300.0.0.1'] }, 'allowFrom'],
     [{ port: 70000 }, 'port'],
-    [{ rpcWorker: { filename: '/x.mjs' } }, 'native'],
+    [{ rpcHost: { args: ['/x.mjs'] } }, 'native'],
+    [{ native: { peekFirstByte: async (): Promise<number> => -1 } }, 'rpcHost'],
+    [{ native: { peekFirstByte: async (): Promise<number> => -1 }, rpcHost: { args: 'x' } }, 'rpcHost'],
+    [{ maxConnectionsPerSource: 0 }, 'maxConnectionsPerSource'],
+    [{ maxHydraSessions: 1.5 }, 'maxHydraSessions'],
+    [{ maxHydraSessionsPerSource: -2 }, 'maxHydraSessionsPerSource'],
+    [{ idleTimeoutMs: 0 }, 'idleTimeoutMs'],
+    [{ queueTimeoutMs: 'x' }, 'queueTimeoutMs'],
+    [{ rpcMaxPerSource: 0 }, 'rpcMaxPerSource'],
   ])('rejects %j', async (options, key) => {
     const { HydraPort } = await import('../src/index.js');
     try {

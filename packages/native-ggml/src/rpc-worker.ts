@@ -1,7 +1,9 @@
-// A piscina worker module: each task serves one ggml-RPC session on a detached fd, blocking this
-// worker thread (not the event loop) until the client leaves. The worker keeps its device backends
-// between sessions (see native/hydra_rpc_serve.cpp).
+// The worker thread of an rpc-host child process (see rpc-host.ts): each task serves one ggml-RPC
+// session on a detached fd, blocking this thread (not the host's event loop, which keeps answering
+// its parent) until the client leaves. The thread keeps its device backends between sessions (see
+// native/hydra_rpc_serve.cpp). The default export serves one task when called directly.
 import { closeSync } from 'node:fs';
+import { isMainThread, parentPort, workerData } from 'node:worker_threads';
 import type { NativeServeLimits, NativeServeSummary } from './binding.js';
 import { loadBinding } from './binding.js';
 
@@ -38,4 +40,46 @@ export default function serve(task: RpcServeTask): NativeServeSummary {
   if (task.threads) options.threads = task.threads;
   if (task.cacheDir) options.cacheDir = task.cacheDir;
   return binding.serveRpcFd(task.fd, options, task.stats);
+}
+
+/** What the host thread posts to this worker thread, and what comes back. */
+export interface RpcWorkerRequest {
+  id: number;
+  task: RpcServeTask;
+}
+export type RpcWorkerReply =
+  | { ready: true }
+  | { id: number; result: NativeServeSummary }
+  | { id: number; error: { code?: string; message: string } };
+
+if (
+  !isMainThread &&
+  parentPort !== null &&
+  (workerData as { hydraRpcHost?: unknown })?.hydraRpcHost === true
+) {
+  const port = parentPort;
+  // Backends load before the first session, so a warm host's first client does not wait for them.
+  try {
+    loadBinding().binding.backendInit(4);
+    ready = true;
+  } catch {
+    // serve() retries and reports the error with the session that needs it.
+  }
+  port.postMessage({ ready: true } satisfies RpcWorkerReply);
+  port.on('message', ({ id, task }: RpcWorkerRequest) => {
+    let reply: RpcWorkerReply;
+    try {
+      reply = { id, result: serve(task) };
+    } catch (err) {
+      const e = err as { code?: unknown; message?: unknown };
+      reply = {
+        id,
+        error: {
+          ...(typeof e?.code === 'string' ? { code: e.code } : {}),
+          message: String(e?.message ?? err),
+        },
+      };
+    }
+    port.postMessage(reply);
+  });
 }

@@ -11,6 +11,11 @@ export interface WeightsIndexerOptions {
   log: (line: string) => void;
   /** How often the engine's own model is checked for a change (default 1000 ms). */
   pollMs?: number;
+  /**
+   * Called with each file as it is indexed here: the merged port's host processes, which serve the
+   * sessions, keep an index of their own and are told through this.
+   */
+  onFile?: (file: string) => void;
 }
 
 /**
@@ -26,8 +31,15 @@ export function startWeightsIndexer(options: WeightsIndexerOptions): {
   const { engine, log } = options;
   // A file that cannot be indexed only costs the saving (the head then sends its bytes), so it is
   // logged, never fatal.
-  const add = (file: string) =>
-    rpcWeightsIndexAdd(file).then(
+  const add = (file: string) => {
+    try {
+      options.onFile?.(file);
+    } catch (err) {
+      log(
+        `hydra-engine: ggml-RPC weights index of ${file} not passed to the hosts: ${(err as Error).message}`,
+      );
+    }
+    return rpcWeightsIndexAdd(file).then(
       (r): WeightsIndexAdded | undefined => {
         if (!r.already)
           log(
@@ -40,6 +52,7 @@ export function startWeightsIndexer(options: WeightsIndexerOptions): {
         return undefined;
       },
     );
+  };
   const ready = Promise.all(options.files.map(add)).then((all) =>
     all.filter((r): r is WeightsIndexAdded => r !== undefined),
   );
