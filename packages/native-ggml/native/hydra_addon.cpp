@@ -711,8 +711,23 @@ static std::vector<llama_token> hydra_tokenize(const llama_vocab * vocab, enum l
         if (st.empty()) {
             continue;  // upstream would find it at every offset forever
         }
-        next.clear();
-        for (const hydra_fragment & f : frags) {
+        // Most special tokens of a vocabulary never occur: one search of the whole text skips them
+        // without a pass over the fragments (a fragment's matches are matches in the text).
+        if (std::string_view(text).find(st) == std::string_view::npos) {
+            continue;
+        }
+        size_t first = 0;
+        while (first < frags.size() &&
+               (frags[first].token != LLAMA_TOKEN_NULL ||
+                std::string_view(text.data(), frags[first].offset + frags[first].length).find(st, frags[first].offset) == std::string_view::npos)) {
+            first++;
+        }
+        if (first == frags.size()) {
+            continue;
+        }
+        next.assign(frags.begin(), frags.begin() + first);
+        for (size_t i = first; i < frags.size(); i++) {
+            const hydra_fragment & f = frags[i];
             if (f.token != LLAMA_TOKEN_NULL) {
                 next.push_back(f);
                 continue;

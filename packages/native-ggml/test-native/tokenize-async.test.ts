@@ -85,7 +85,9 @@ describe('tokenizeAsync / applyChatTemplateAsync', () => {
     const took = performance.now() - t0;
     clearInterval(timer);
     expect(took).toBeGreaterThan(300);
-    expect(worst).toBeLessThan(100);
+    // Blocked, the longest gap would be the whole job; a loaded 2-core machine delays timers a
+    // little, so the bound is relative.
+    expect(worst).toBeLessThan(Math.max(100, took / 3));
   });
 
   it('renders a chat off the JS thread as applyChatTemplate does', async () => {
