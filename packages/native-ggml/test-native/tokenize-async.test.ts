@@ -112,8 +112,14 @@ describe('tokenizeAsync / applyChatTemplateAsync', () => {
       model.applyChatTemplate(messages),
     );
     const packed = packChatMessages(messages);
-    for (const bad of [packed.subarray(0, packed.length - 1), new Uint8Array([9, 0, 0, 0]), new Uint8Array(0)]) {
-      await expect(model.applyChatTemplateAsync(bad)).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT' });
+    for (const bad of [
+      packed.subarray(0, packed.length - 1),
+      new Uint8Array([9, 0, 0, 0]),
+      new Uint8Array(0),
+    ]) {
+      await expect(model.applyChatTemplateAsync(bad)).rejects.toMatchObject({
+        code: 'HYDRA_ERR_BAD_ARGUMENT',
+      });
     }
   });
 
