@@ -365,7 +365,12 @@ export class RpcPool {
     const running = host.running;
     host.running = undefined;
     const cause = signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
-    if (running) {
+    if (running && host.stopping) {
+      // Cut by close() at the shutdown timeout: not a crash.
+      addStats(this.#totals, running.live);
+      this.#config.logger.info(`hydra-rpc: ggml-RPC session for ${running.job.label} cut at shutdown`);
+      this.#finish(running);
+    } else if (running) {
       this.#crashed++;
       addStats(this.#totals, running.live);
       this.#config.logger.error(
@@ -428,7 +433,7 @@ export class RpcPool {
 
   #stop(host: Host): void {
     host.stopping = true;
-    // The host exits when its IPC channel closes (see native-ggml's rpc-host).
+    // The host exits when its IPC channel closes (native-ggml's rpc-host kills itself then).
     if (host.child.connected) host.child.disconnect();
   }
 

@@ -43,8 +43,9 @@ export function runRpcHost(options: RpcHostOptions = {}): void {
     if (process.connected) raw(message as never, undefined, {}, () => {});
   };
   const progressMs = options.progressMs ?? 1000;
-  // Dies with its parent: a host never outlives the engine that handed it a connection.
-  process.on('disconnect', () => process.exit(0));
+  // Dies with its parent: a host never outlives the engine that handed it a connection. Not
+  // process.exit(): it joins the worker thread, which may be blocked in a session's recv for good.
+  process.on('disconnect', () => process.kill(process.pid, 'SIGKILL'));
   const worker = new Worker(options.workerFilename ?? new URL('./rpc-worker.js', import.meta.url), {
     workerData: { hydraRpcHost: true },
   });

@@ -16,12 +16,14 @@ import { exchange, frame } from './lib/hydra-wire.js';
 
 /**
  * Overload and allowlist against the real engine (-np 2, --max-queue 2, merged port with the
- * default ggml-RPC pool of 4 sessions + 64 queued, allowlist 127.0.0.1/32 only).
+ * default ggml-RPC pool of 4 sessions + 64 queued, allowlist 127.0.0.1/32 only). Every client here
+ * is 127.0.0.1, so the per-source ggml-RPC cap is lifted to pool + queue to exhaust both; the
+ * per-source caps themselves are in port-containment.test.ts.
  */
 
 const SLOTS = 2;
 const QUEUE = 2;
-const RPC_POOL = 4; // HydraPort defaults; the engine exposes no flag for them
+const RPC_POOL = 4; // the defaults of --rpc-pool-size and --rpc-queue-size
 const RPC_QUEUE = 64;
 let eng: EngineProcess;
 const fig: Record<string, unknown> = {};
@@ -41,6 +43,8 @@ beforeAll(async () => {
       String(QUEUE),
       '--control-allow-from',
       '127.0.0.1/32',
+      '--rpc-max-per-source',
+      String(RPC_POOL + RPC_QUEUE),
     ],
     { rpc: true },
   );
@@ -142,7 +146,7 @@ describe('overload', () => {
       excess.push(c);
     }
     const excessClosed = await Promise.all(excess.map((c) => c.waitClosed(5_000)));
-    // the queued ones wait: a worker is held by each idle active session
+    // the queued ones wait: a host is held by each idle active session
     const queuedReplied = await queued[0]!.read(8, 500);
     for (const [i, c] of active.entries()) {
       const base = await c.base(bufs[i]!.ptr);
@@ -165,7 +169,7 @@ describe('overload', () => {
     expect(m.get('hydra_rpc_sessions_active')).toBe(RPC_POOL);
     expect(m.get('hydra_rpc_sessions_queued')).toBe(RPC_QUEUE);
     expect(queuedReplied).toBeUndefined();
-    // one active session leaves: the first queued one gets its worker and its HELLO answer
+    // one active session leaves: the first queued one gets its host and its HELLO answer
     active.pop()!.destroy();
     expect((await queued[0]!.read(8, 5_000))?.readBigUInt64LE(0)).toBe(28n);
     for (const c of [...active, ...queued]) c.destroy();
