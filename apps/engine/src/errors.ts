@@ -44,6 +44,12 @@ export const ERROR_CODES = [
   'HYDRA_ERR_TOO_MANY_CONNECTIONS',
   'HYDRA_ERR_STATE_EXPIRED',
   'HYDRA_ERR_STATE_UPLOADS_FULL',
+  // Bounds and GGUF checks before allocation (src/placement.ts; the GGUF codes come from the resolver).
+  'HYDRA_ERR_INSUFFICIENT_MEMORY',
+  'HYDRA_ERR_CONTEXT_FAILED',
+  'HYDRA_ERR_GGUF_INVALID',
+  'HYDRA_ERR_GGUF_UNSUPPORTED',
+  'HYDRA_ERR_MODEL_METADATA',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 

@@ -218,6 +218,67 @@ static Napi::Value devices_list(const Napi::CallbackInfo & info) {
     return out;
 }
 
+// devicesDescribe(names: string[]) -> Promise<device[]>: the named devices, memory included, read on
+// a thread of their own. Asking an RPC device for its memory is a round trip that never returns once
+// its peer is gone (the dispatcher parks), so it must not run on the JS thread, and not on a libuv
+// pool thread either (a stalled one would be lost to loads and file I/O for good): a stall costs
+// one idle detached thread. The pending promise does not keep the process alive. A connect that
+// fails on this thread (no dispatcher yet) unwinds as the registration's does and rejects.
+struct devices_describe_job {
+    std::vector<ggml_backend_dev_t> devs;
+    std::vector<hydra_device_info> out;
+    std::string error;
+    Napi::Promise::Deferred deferred;
+    Napi::ThreadSafeFunction tsfn;
+};
+
+static Napi::Value devices_describe(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsArray()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "names must be an array of device names");
+    }
+    auto * job = new devices_describe_job{{}, {}, {}, Napi::Promise::Deferred::New(env), {}};
+    Napi::Array names = info[0].As<Napi::Array>();
+    for (uint32_t i = 0; i < names.Length(); i++) {
+        std::string name = names.Get(i).ToString().Utf8Value();
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+        if (dev == nullptr) {
+            delete job;
+            hydra_error_throw(env, HYDRA_ERR_NO_DEVICE, "unknown device '" + name + "'");
+        }
+        job->devs.push_back(dev);
+    }
+    Napi::Promise promise = job->deferred.Promise();
+    job->tsfn = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo &) {}), "hydra_devices_describe", 0, 1);
+    job->tsfn.Unref(env);
+    std::thread([job] {
+        t_rpc_registering = true;
+        try {
+            for (ggml_backend_dev_t dev : job->devs) {
+                job->out.push_back(device_info_read(dev));
+            }
+        } catch (const hydra_rpc_abort & e) {
+            job->error = trim_end(e.what());
+        }
+        t_rpc_registering = false;
+        Napi::ThreadSafeFunction tsfn = job->tsfn;  // the callback frees job, maybe before Release
+        tsfn.BlockingCall(job, [](Napi::Env env, Napi::Function, devices_describe_job * j) {
+            if (!j->error.empty()) {
+                j->deferred.Reject(hydra_error_make(env, HYDRA_ERR_PEER_UNREACHABLE, j->error).Value());
+            } else {
+                Napi::Array a = Napi::Array::New(env);
+                for (size_t i = 0; i < j->out.size(); i++) {
+                    a.Set((uint32_t) i, device_info_to_js(env, j->out[i]));
+                }
+                j->deferred.Resolve(a);
+            }
+            delete j;
+        });
+        tsfn.Release();
+    }).detach();
+    return promise;
+}
+
 // Registers the devices of a ggml-RPC server. The caller (the TS wrapper) has already completed a
 // HELLO probe: upstream aborts the whole process when a server it connects to is unreachable.
 class rpc_add_worker : public Napi::AsyncWorker {
@@ -1532,6 +1593,7 @@ static Napi::Value state_seq_set(const Napi::CallbackInfo & info) {
 static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("backendInit", Napi::Function::New(env, backend_init));
     exports.Set("devicesList", Napi::Function::New(env, devices_list));
+    exports.Set("devicesDescribe", Napi::Function::New(env, devices_describe));
     exports.Set("rpcServerAdd", Napi::Function::New(env, rpc_server_add));
     exports.Set("modelLoad", Napi::Function::New(env, model_load));
     exports.Set("modelInfo", Napi::Function::New(env, model_info));

@@ -82,9 +82,24 @@ export function initBackend(options: { logLevel?: keyof typeof LogLevel } = {}):
   };
 }
 
-/** Every device the backend sees, local and registered ggml-RPC ones, with memory in bytes. */
+/**
+ * Every device the backend sees, local and registered ggml-RPC ones, with memory in bytes. Asks
+ * every ggml-RPC device for its memory on the calling thread: use {@link describeDevices} once a
+ * peer may be registered.
+ */
 export function listDevices(): NativeDevice[] {
   return call(() => native().devicesList());
+}
+
+/**
+ * Describes the named devices (memory included) off the JS thread, on a detached native thread of
+ * their own: a ggml-RPC device whose peer is gone never answers, and the promise then never
+ * settles (it does not keep the process alive). Callers bound the wait themselves. An unknown name
+ * throws HYDRA_ERR_NO_DEVICE; a peer that refuses the connection rejects with
+ * HYDRA_ERR_PEER_UNREACHABLE.
+ */
+export function describeDevices(names: readonly string[]): Promise<NativeDevice[]> {
+  return callAsync(() => native().devicesDescribe([...names]));
 }
 
 const RPC_CMD_HELLO = 14;

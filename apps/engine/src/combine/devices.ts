@@ -1,4 +1,4 @@
-// Which llama.cpp devices a model load may use, and a device list that never dials a lost peer.
+// Which llama.cpp devices a model load may use, and a device list that never blocks on a peer.
 //
 // llama.cpp keeps every registered ggml-RPC device for the life of the process, and its client
 // keeps one dispatcher (one connection and one thread) per endpoint string for as long as anything
@@ -7,10 +7,13 @@
 //   would dial it (upstream aborts; with the park hook the load thread hangs). So once any peer
 //   was registered, every load names its devices: the local ones plus the RPC devices of the peers
 //   configured now.
-// - `listDevices()` asks every RPC device for its memory (a ggml-RPC round trip on the calling
-//   thread). Against a lost peer that round trip never returns (its dispatcher is parked), which on
-//   the JS thread would freeze the whole engine. The list is therefore only refreshed while every
-//   registered peer is believed alive; otherwise the last good list is served.
+// - Asking an RPC device for its memory is a ggml-RPC round trip, and against a peer that died
+//   (before the watchdog has noticed) it never returns. On the JS thread that froze the whole
+//   engine: /health, SIGTERM and all. So the list served is always the last one read, and it is
+//   refreshed in the background (at most once a second) by native-ggml's describeDevices, one
+//   detached native thread per device; a device whose read has not come back is not asked again
+//   (its last figures stay), so a dead peer costs one parked thread per device, never the JS
+//   thread. Devices of peers marked lost are never listed or asked again.
 // - A lost peer that comes back at the same address cannot be dialled under the same endpoint
 //   string (the parked dispatcher would be handed back). It is registered again under another
 //   spelling of the same IPv4 address: its first octet in octal, one more leading zero per loss
@@ -20,7 +23,7 @@
 //   Its devices get new names (`RPC1`, ...); the configured endpoint stays the one written.
 import { lookup } from 'node:dns/promises';
 import { isIPv4 } from 'node:net';
-import { addRpcServer, type Device, listDevices } from '@hydra-engine/native-ggml';
+import { addRpcServer, type Device, describeDevices, listDevices } from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
 
 const endpoints = new Map<string, string[]>();
@@ -34,15 +37,67 @@ const losses = new Map<string, number>();
 /** The endpoint string each configured peer was registered under. */
 const wire = new Map<string, string>();
 let local: Device[] | undefined;
-let last: Device[] = [];
+/** The last description read of every device listed, in llama.cpp's order (local, then peers'). */
+const known = new Map<string, Device>();
+/** Device reads in flight; a device is not asked again until its read settles. */
+const asking = new Map<string, Promise<void>>();
+let lastRefresh = Number.NEGATIVE_INFINITY;
+/** The background refresh runs at most this often. */
+export const DEVICE_REFRESH_MS = 1000;
 
 function localDevices(): Device[] {
   if (!local) {
-    // Before any registration listDevices() holds only this host's devices; after it (a head
-    // started with --rpc registers first) RPC devices are filtered out by name.
+    // Before any registration this lists only this host's devices and dials nothing (registerPeer
+    // calls it before its first registration).
     local = listDevices().filter((d) => !d.name.startsWith('RPC'));
+    for (const d of local) if (!known.has(d.name)) known.set(d.name, d);
   }
   return local;
+}
+
+function listed(): Device[] {
+  localDevices();
+  return [...known.values()].filter((d) => !dead.has(d.name));
+}
+
+/** Starts a read of every listed device that has none in flight; never waits for one. */
+function refresh(): Promise<void>[] {
+  lastRefresh = performance.now();
+  const pending: Promise<void>[] = [];
+  for (const { name } of listed()) {
+    let p = asking.get(name);
+    if (!p) {
+      p = describeDevices([name]).then(
+        ([d]) => {
+          if (d && !dead.has(name)) known.set(name, d);
+        },
+        () => undefined,
+      );
+      asking.set(name, p);
+      void p.finally(() => asking.delete(name));
+    }
+    pending.push(p);
+  }
+  return pending;
+}
+
+/**
+ * Fresh device figures for a caller that can wait (a memory check before a rebuild): starts a read
+ * of every device and waits for them up to `timeoutMs`; a device that has not answered by then
+ * keeps its last figures.
+ */
+export async function freshDevices(timeoutMs = 2000): Promise<Device[]> {
+  const pending = refresh();
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.all(pending),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, timeoutMs);
+      timer.unref();
+    }),
+  ]);
+  clearTimeout(timer);
+  return listed();
 }
 
 /**
@@ -60,10 +115,9 @@ export async function registerPeer(endpoint: string): Promise<{ names: string[];
   endpoints.set(endpoint, names);
   buffers.set(endpoint, bufferTypes);
   wire.set(endpoint, target);
-  if (lost.delete(endpoint)) {
-    // The frozen device list (see safeDevices) learns the new devices from the registration.
-    last = [...last.filter((d) => !names.includes(d.name)), ...devices];
-  }
+  lost.delete(endpoint);
+  // Described by the registration itself, off the JS thread.
+  for (const d of devices) known.set(d.name, d);
   return { names, bufferTypes };
 }
 
@@ -90,7 +144,7 @@ async function respell(endpoint: string, generation: number): Promise<string> {
   return `${'0'.repeat(generation)}${Number(first).toString(8)}.${rest.join('.')}:${m[2]}`;
 }
 
-/** Marks a peer lost: its devices are dead for good and the device list stops refreshing. */
+/** Marks a peer lost: its devices are dead for good (never listed or asked again). */
 export function markPeerLost(endpoint: string): void {
   for (const name of endpoints.get(endpoint) ?? []) dead.add(name);
   if (!lost.has(endpoint)) losses.set(endpoint, (losses.get(endpoint) ?? 0) + 1);
@@ -98,20 +152,12 @@ export function markPeerLost(endpoint: string): void {
 }
 
 /**
- * The device list for STATUS and HELLO. Refreshed from llama.cpp only while no registered peer
- * was ever lost; afterwards the last good list (memory figures frozen), with lost peers' devices
- * left out.
+ * The device list for STATUS and HELLO: the last figures read, returned at once, with a background
+ * refresh started when the last one is older than {@link DEVICE_REFRESH_MS}. Never blocks.
  */
 export function safeDevices(): Device[] {
-  try {
-    if (losses.size === 0) {
-      last = listDevices();
-      return last;
-    }
-  } catch {
-    return last;
-  }
-  return last.filter((d) => !dead.has(d.name));
+  if (performance.now() - lastRefresh >= DEVICE_REFRESH_MS) refresh();
+  return listed();
 }
 
 /**

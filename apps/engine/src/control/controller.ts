@@ -3,9 +3,10 @@ import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import { modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
 import { type Decision, DeferralPolicy, type PlanResult, plan } from '@hydra-engine/tiering';
+import { freshDevices } from '../combine/devices.js';
 import type { Engine, ExpertMode } from '../engine.js';
 import { HydraError } from '../errors.js';
-import { fileSource } from '../placement.js';
+import { checkContext, fileSource, modelFacts } from '../placement.js';
 
 /** STATE_GET chunk when `state_chunk_size` was never set (the issue's 2 MiB, above tiering's 1 MiB default). */
 export const DEFAULT_STATE_CHUNK = 2 * 1024 * 1024;
@@ -20,6 +21,8 @@ export interface ControllerOptions {
   drainTimeoutMs: number;
   /** ggml-RPC HELLO probe of a peer; native-ggml's by default. */
   probe?: (endpoint: string) => Promise<unknown>;
+  /** Where a failed rebuild is logged; stderr by default. */
+  log?: (message: string) => void;
   /** An unfinished STATE_PUT upload or unread STATE_GET snapshot is dropped after this idle time (default 60000). */
   stateTimeoutMs?: number;
   /** Bytes all unfinished STATE_PUT uploads may declare (`total`) together (default 1 GiB). */
@@ -44,6 +47,23 @@ export interface ConfigureReply {
   deferred_keys: string[];
   epoch: number;
   state_chunk_size_applied?: number;
+}
+
+/** A T2/T3 rebuild that failed, as STATUS reports it (`last_rebuild_failure`). */
+export interface RebuildFailure {
+  /** ISO time of the failure. */
+  at: string;
+  rebuild: 'context' | 'model';
+  /** The keys the rebuild was to apply. */
+  keys: string[];
+  code: string;
+  message: string;
+  /** True when it was deferred (applied once the slots were free), so no CONFIGURE reply carried it. */
+  deferred: boolean;
+  /** Whether the previous configuration serves again (engine state ready). */
+  restored: boolean;
+  /** The epoch in force after the failure. */
+  epoch: number;
 }
 
 /** Facts of a GGUF that quant parity compares. */
@@ -112,6 +132,8 @@ export class Controller {
   #lastTick = 0;
   readonly #drainTimeoutMs: number;
   readonly #probe: (endpoint: string) => Promise<unknown>;
+  readonly #log: (message: string) => void;
+  #lastFailure: RebuildFailure | undefined;
   #policy: DeferralPolicy;
   #chain: Promise<void> = Promise.resolve();
   #timer: NodeJS.Timeout | undefined;
@@ -135,6 +157,9 @@ export class Controller {
     this.#registry = options.registry;
     this.#drainTimeoutMs = drainTimeoutMs;
     this.#probe = options.probe ?? ((e) => probeRpcServer(e));
+    if (options.log !== undefined && typeof options.log !== 'function')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.log must be a function');
+    this.#log = options.log ?? ((m) => process.stderr.write(`${m}\n`));
     const positive = (key: 'stateTimeoutMs' | 'maxStateUploadBytes', dflt: number) => {
       const v = options[key] ?? dflt;
       if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
@@ -178,6 +203,14 @@ export class Controller {
     return this.#drainTimeoutMs;
   }
 
+  /**
+   * The last T2/T3 rebuild that failed (at once or deferred), until a later rebuild succeeds:
+   * what was asked, the error, and whether the previous configuration serves again.
+   */
+  get lastRebuildFailure(): RebuildFailure | undefined {
+    return this.#lastFailure;
+  }
+
   /** Keys waiting for every slot to be free. */
   get deferredKeys(): string[] {
     return this.#policy.deferredKeys;
@@ -210,7 +243,7 @@ export class Controller {
     const r = plan(this.#policy.target, await this.#expandCombine(delta));
     await this.#precheck(r);
     const decision = this.#policy.submit(r, this.#clock());
-    const done = this.#carry(decision);
+    const done = this.#carry(decision, false);
     await done;
     const reply: ConfigureReply = {
       tier: r.tier,
@@ -272,7 +305,15 @@ export class Controller {
   async #precheck(r: PlanResult): Promise<void> {
     const changed = new Map(r.changes.map((c) => [c.key, c.to]));
     const model = changed.get('model');
-    if (typeof model === 'string' && model !== '') await this.resolveModel(model);
+    // A new model's GGUF is checked now, before anything is recorded or deferred.
+    if (typeof model === 'string' && model !== '') await modelFacts(await this.resolveModel(model));
+    const engine = this.engine;
+    if ((r.rebuild === 'context' || r.rebuild === 'model') && !changed.has('model') && engine.modelPath) {
+      // Sizes (n_ctx, n_batch, n_parallel, cache types) against device memory before allocation;
+      // the context in force counts as freed, as the rebuild frees it first.
+      const facts = await modelFacts(engine.modelPath);
+      checkContext(facts, r.next, await freshDevices(), { facts, cfg: engine.layers.effective() });
+    }
     const peers = (r.next.rpc_servers as string[] | undefined) ?? [];
     if (changed.has('rpc_servers') || (changed.has('model') && peers.length > 0)) {
       for (const peer of peers) {
@@ -318,7 +359,7 @@ export class Controller {
   }
 
   /** Carries out a decision; returns when its rebuild (if any) ends. */
-  #carry(d: Decision): Promise<void> {
+  #carry(d: Decision, deferred = true): Promise<void> {
     if (d.endRunning) {
       // Past the drain deadline: admit nothing new, end what runs; queued requests wait.
       if (!this.#drainHeld) {
@@ -351,12 +392,14 @@ export class Controller {
     const run = async () => {
       try {
         await this.#rebuild(d.rebuild);
+        if (d.rebuild === 'context' || d.rebuild === 'model') this.#lastFailure = undefined;
       } catch (err) {
         engine.layers.record(previous);
         this.#policy = this.#freshPolicy();
         if (d.rebuild === 'model' && engine.layers.get('model')) {
           await engine.load().catch(() => undefined);
         }
+        this.#failed(d, err, deferred);
         throw err;
       } finally {
         engine.resume();
@@ -367,6 +410,28 @@ export class Controller {
     const step = this.#chain.then(run);
     this.#chain = step.catch(() => undefined);
     return step;
+  }
+
+  /** Records, logs and counts a failed rebuild; a deferred one has no caller to hear of it otherwise. */
+  #failed(d: Decision, err: unknown, deferred: boolean): void {
+    const e = err instanceof HydraError ? err : undefined;
+    const rebuild = d.rebuild === 'model' ? 'model' : 'context';
+    this.#lastFailure = {
+      at: new Date().toISOString(),
+      rebuild,
+      keys: d.apply.map((c) => c.key),
+      code: e?.code ?? 'HYDRA_ERR_INTERNAL',
+      message: (err as Error)?.message ?? String(err),
+      deferred,
+      restored: this.engine.state === 'ready',
+      epoch: this.engine.epoch,
+    };
+    this.engine.counters.rebuildFailures[rebuild] += 1;
+    const f = this.#lastFailure;
+    this.#log(
+      `hydra-engine: ${f.deferred ? 'deferred ' : ''}${rebuild} rebuild of ${f.keys.join(', ')} failed: ${f.code}: ${f.message}; ` +
+        (f.restored ? `the previous configuration serves (epoch ${f.epoch})` : `state ${this.engine.state}`),
+    );
   }
 
   async #rebuild(rebuild: Decision['rebuild']): Promise<void> {
@@ -577,6 +642,8 @@ export class Controller {
     if (typeof req.model !== 'string' || req.model === '')
       throw badValue('model must be a non-empty string', 'model');
     const path = await this.resolveModel(req.model);
+    // The GGUF checks first: keep_layer_range below is sized by the block count.
+    await modelFacts(path);
     const shape = await shapeOf(path);
     const delta: Record<string, unknown> = { model: req.model };
     let range: { lo: number; hi: number } | undefined;

@@ -46,6 +46,7 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
     ...(stats ? { pool: stats.rpc, connections: stats.connections } : {}),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
     ...(engine.lastError ? { last_error: engine.lastError } : {}),
+    ...(c.lastRebuildFailure ? { last_rebuild_failure: c.lastRebuildFailure } : {}),
     ...(engine.degraded ? { degraded: engine.degraded } : {}),
   };
 }

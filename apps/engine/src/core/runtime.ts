@@ -2,12 +2,12 @@
 // placement and failover after a peer loss. It attaches what it builds to the scheduler and holds
 // the scheduler (hold/whenIdle) around every rebuild.
 import { type Context, type Device, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
-import type { ModelRegistry } from '@hydra-engine/resolver';
+import type { ModelFacts, ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
-import { loadDevices, markPeerLost, registerPeer, safeDevices } from '../combine/devices.js';
+import { freshDevices, loadDevices, markPeerLost, registerPeer, safeDevices } from '../combine/devices.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
 import { HydraError } from '../errors.js';
-import { computePlacement, type Placement } from '../placement.js';
+import { checkContext, computePlacement, modelFacts, type Placement } from '../placement.js';
 import { contextParamsFrom, modelParamsFrom } from './params.js';
 import type { Scheduler } from './scheduler.js';
 import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
@@ -66,6 +66,8 @@ export class Runtime {
   #standby: (Serving & { mode: ExpertMode }) | undefined;
   #degraded: Degraded | undefined;
   #failingOver = false;
+  /** The model facts and the configuration the context in force was built with (a failed rebuild restores it). */
+  #built: { facts: ModelFacts | undefined; cfg: Params } | undefined;
   readonly #peerLostListeners: (() => void)[] = [];
 
   constructor(options: RuntimeOptions) {
@@ -127,7 +129,23 @@ export class Runtime {
     const name = cfg.model as string;
     if (!name) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model configured');
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'a model is already loading');
-    const samePath = (this.#registry ? this.#registry.resolve(name).path : name) === this.#modelPath;
+    const target = this.#registry ? this.#registry.resolve(name).path : name;
+    // Checked before anything is unloaded: a malformed or hostile file leaves the model in force.
+    const facts = await modelFacts(target).catch((err: unknown) => {
+      const e =
+        err instanceof HydraError
+          ? err
+          : new HydraError('HYDRA_ERR_LOAD_FAILED', `model ${target}: ${(err as Error).message}`, {
+              cause: err,
+            });
+      // With no model in force the load the operator asked for failed: say so.
+      if (!this.#model) {
+        this.#state = 'error';
+        this.#lastError = e.message;
+      }
+      throw e;
+    });
+    const samePath = target === this.#modelPath;
     // Queued prompts stay valid across a reload of the same file (same vocabulary).
     await this.#unload(samePath);
     this.#state = 'loading';
@@ -142,12 +160,14 @@ export class Runtime {
       const dual = peers.length > 0 && (await isMoe(path));
       if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!);
       const params = withDevices(configured, peers);
+      // After the unload and the peers' registration, so the free memory read is what this load gets.
+      checkContext(facts, params.devices ? { ...cfg, devices: params.devices } : cfg, await freshDevices());
       const loadOpts: { onProgress?: (p: number) => void; signal?: AbortSignal } = {};
       if (options.onProgress) loadOpts.onProgress = options.onProgress;
       if (options.signal) loadOpts.signal = options.signal;
       this.#model = await Model.load(params, loadOpts);
       this.#modelPath = path;
-      await this.#createContext(cfg);
+      await this.#createContext(cfg, facts);
       this.#mode = undefined;
       if (dual) {
         // The SOLO placement stays resident beside the COMBINED one, with its own context, so
@@ -185,9 +205,10 @@ export class Runtime {
     }
   }
 
-  async #createContext(cfg: Params): Promise<void> {
+  async #createContext(cfg: Params, facts: ModelFacts | undefined): Promise<void> {
     const model = this.#model!;
     this.#scheduler.attach(model, await model.createContext(contextParamsFrom(cfg)));
+    this.#built = { facts, cfg };
   }
 
   async #unload(keepQueue = false): Promise<void> {
@@ -206,6 +227,7 @@ export class Runtime {
   }
 
   async #freeAll(): Promise<void> {
+    this.#built = undefined;
     await this.#scheduler.detach()?.dispose();
     this.#model?.dispose();
     this.#model = undefined;
@@ -221,28 +243,46 @@ export class Runtime {
       return;
     }
     if (rebuild === 'context' && this.#model) {
+      const cfg = this.#layers.effective();
+      const built = this.#built;
+      // Refused before the context in force is touched (its memory counts as free: it goes first).
+      if (built?.facts) {
+        checkContext(built.facts, cfg, await freshDevices(), { facts: built.facts, cfg: built.cfg });
+      }
       // New requests queue (not rejected) while the context is rebuilt.
       this.#scheduler.hold();
       try {
         await this.#scheduler.whenIdle();
-        await this.#scheduler.detach()?.dispose();
-        await this.#createContext(this.#layers.effective());
-        if (this.#standby) {
-          await this.#standby.ctx.dispose();
-          this.#standby.ctx = await this.#standby.model.createContext(
-            contextParamsFrom(this.#layers.effective()),
-          );
+        try {
+          await this.#rebuildContexts(cfg, built?.facts);
+        } catch (err) {
+          // Atomic: the context the previous configuration built comes back, or the state says error.
+          if (!built) throw err;
+          try {
+            await this.#rebuildContexts(built.cfg, built.facts);
+          } catch (again) {
+            this.#state = 'error';
+            this.#lastError = `${(err as Error).message}; restoring the previous context failed too: ${(again as Error).message}`;
+          }
+          throw err;
         }
-      } catch (err) {
-        this.#state = 'error';
-        this.#lastError = (err as Error).message;
-        throw err;
       } finally {
         this.#scheduler.unhold();
       }
     }
     this.#epoch += 1;
     this.#scheduler.kick();
+  }
+
+  /** Frees the context in force (and the standby's) and builds them for `cfg`. */
+  async #rebuildContexts(cfg: Params, facts: ModelFacts | undefined): Promise<void> {
+    await this.#scheduler.detach()?.dispose();
+    this.#built = undefined;
+    await this.#createContext(cfg, facts);
+    if (this.#standby) {
+      await this.#standby.ctx.dispose();
+      this.#standby.ctx = await this.#standby.model.createContext(contextParamsFrom(cfg));
+    }
   }
 
   /** See `Engine.setExpertMode`. */

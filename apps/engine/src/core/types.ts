@@ -60,6 +60,8 @@ export interface EngineCounters {
   promptChunks: number;
   loadSeconds: number;
   rejectedQueueFull: number;
+  /** T2/T3 rebuilds that failed (at once or deferred), by what they rebuilt. */
+  rebuildFailures: { context: number; model: number };
 }
 
 /** Why and since when the engine serves less than it was configured for (a lost peer). */
@@ -86,5 +88,6 @@ export function newCounters(): EngineCounters {
     promptChunks: 0,
     loadSeconds: 0,
     rejectedQueueFull: 0,
+    rebuildFailures: { context: 0, model: 0 },
   };
 }
