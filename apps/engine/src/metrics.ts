@@ -104,6 +104,12 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
       ],
       ['hydra_rpc_hosts', 'gauge', 'ggml-RPC host processes alive', num(port.rpc, 'hosts')],
       [
+        'hydra_rpc_refusals_total',
+        'counter',
+        'ggml-RPC messages refused by the session guard',
+        num(port.rpc, 'refusals'),
+      ],
+      [
         'hydra_port_connections_refused_total',
         'counter',
         'merged-port connections refused by a connection cap',
@@ -130,6 +136,16 @@ export function renderMetrics(engine: Engine, port: HydraPortStats | undefined):
       ],
       ['hydra_rpc_bytes_out_total', 'counter', 'bytes sent by ggml-RPC sessions', num(port.rpc, 'bytesOut')],
     );
+  }
+  const ended = (port?.rpc as { ended?: Record<string, number> } | undefined)?.ended ?? {};
+  for (const [kind, n] of Object.entries(ended)) {
+    samples.push([
+      'hydra_rpc_sessions_ended_total',
+      'counter',
+      'ggml-RPC sessions served, by how they ended',
+      n,
+      { ended: kind },
+    ]);
   }
   const out: string[] = [];
   const seen = new Set<string>();

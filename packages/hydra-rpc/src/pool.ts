@@ -45,6 +45,10 @@ export interface RpcPoolStats extends RpcSessionStats {
   hosts: number;
   /** Host processes started since the pool was created. */
   hostsSpawned: number;
+  /** Sessions by how they ended, as hosts report it (native-ggml: `client`, `refused`, `timeout`, `server`). */
+  ended: Record<string, number>;
+  /** Messages the hosts refused (a session's summary field `refusals`, summed). */
+  refusals: number;
 }
 
 /** One admitted session: started when a host is free, or aborted if it times out or the pool closes first. */
@@ -145,6 +149,8 @@ export class RpcPool {
   #failed = 0;
   #crashed = 0;
   #spawned = 0;
+  #refusals = 0;
+  readonly #ended: Record<string, number> = {};
   #closing = false;
   #warmTimer: NodeJS.Timeout | undefined;
 
@@ -222,6 +228,8 @@ export class RpcPool {
       crashed: this.#crashed,
       hosts: this.#hosts.size,
       hostsSpawned: this.#spawned,
+      ended: { ...this.#ended },
+      refusals: this.#refusals,
       ...this.#totals,
     };
     for (const host of this.#hosts) {
@@ -340,10 +348,7 @@ export class RpcPool {
         host.running = undefined;
         if (message.t === 'done') {
           this.#served++;
-          addStats(this.#totals, message.result);
-          const reason = message.result?.error;
-          if (typeof reason === 'string' && reason !== '')
-            this.#config.logger.info(`hydra-rpc: ggml-RPC session for ${running.job.label} ended: ${reason}`);
+          this.#summarize(running.job.label, message.result);
         } else {
           this.#failed++;
           addStats(this.#totals, running.live);
@@ -356,6 +361,23 @@ export class RpcPool {
         if (host.running === undefined) this.#lingerIdle(host);
         return;
       }
+    }
+  }
+
+  // A session's summary: totals, how it ended (counted by kind) and, when a host ended it for a
+  // reason (a refused message, a timeout, an upstream assert), one log line saying why.
+  #summarize(label: string, result: Record<string, unknown> | undefined): void {
+    addStats(this.#totals, result);
+    if (typeof result !== 'object' || result === null) return;
+    const { ended, reason, refusedCommand, refusals, error } = result;
+    if (typeof ended === 'string' && ended !== '') this.#ended[ended] = (this.#ended[ended] ?? 0) + 1;
+    if (typeof refusals === 'number' && Number.isFinite(refusals) && refusals > 0) this.#refusals += refusals;
+    const why = [reason, error].filter((v) => typeof v === 'string' && v !== '').join('; ');
+    if (why !== '' || (typeof ended === 'string' && ended !== 'client' && ended !== '')) {
+      const what = typeof refusedCommand === 'string' ? ` (${refusedCommand})` : '';
+      this.#config.logger.warn(
+        `hydra-rpc: ggml-RPC session for ${label} ended by the host: ${String(ended ?? 'error')}${what}${why ? `: ${why}` : ''}`,
+      );
     }
   }
 

@@ -271,6 +271,8 @@ export class HydraPort {
         crashed: 0,
         hosts: 0,
         hostsSpawned: 0,
+        ended: {},
+        refusals: 0,
         bytesIn: 0,
         bytesOut: 0,
         commands: 0,

@@ -175,6 +175,22 @@ describe('RpcPool (child process hosts)', () => {
     expect(h.pool.stats().commands).toBeGreaterThanOrEqual(1);
   });
 
+  it('counts how sessions ended and the refusals hosts report, with one line per refused session', async () => {
+    const h = await harness(1, 0);
+    const a = await h.open();
+    await a.opening;
+    a.socket.write('r');
+    await vi.waitFor(() => expect(h.pool.stats().served).toBe(1));
+    const b = await h.open();
+    await b.opening;
+    b.socket.write('e');
+    await vi.waitFor(() => expect(h.pool.stats().served).toBe(2));
+    expect(h.pool.stats()).toMatchObject({ ended: { refused: 1, client: 1 }, refusals: 1, failed: 0 });
+    const lines = h.logger.lines.filter((l) => l.level === 'warn' && l.message.includes('ended by the host'));
+    expect(lines).toHaveLength(1);
+    expect(lines[0]!.message).toContain('refused (GRAPH_COMPUTE): node id 0');
+  });
+
   it('counts a failed session and keeps serving', async () => {
     const h = await harness(1, 0);
     const a = await h.open();
