@@ -244,6 +244,11 @@ export class Engine {
     return this.#runtime.requireModel().applyChatTemplateAsync(messages);
   }
 
+  /** {@link chatPrompt} then {@link tokenize} in one native job (HTTP chat requests). */
+  chatTokensAsync(messages: readonly { role: string; content: string }[] | Uint8Array): Promise<Int32Array> {
+    return this.#runtime.requireModel().tokenizeChatAsync(messages);
+  }
+
   /**
    * Queues a generation. Admission errors throw synchronously (`HYDRA_ERR_NO_MODEL`,
    * `HYDRA_ERR_LOADING`, `HYDRA_ERR_DRAINING`, `HYDRA_ERR_QUEUE_FULL`, `HYDRA_ERR_PROMPT_TOO_LONG`)

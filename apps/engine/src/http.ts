@@ -534,8 +534,9 @@ export class HttpApi {
       let tokens: Int32Array | undefined;
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
-        const text = prepared.chat ? await engine.chatPromptAsync(prepared.chat.packed) : promptText;
-        const t = await engine.tokenizeAsync(text);
+        const t = prepared.chat
+          ? await engine.chatTokensAsync(prepared.chat.packed)
+          : await engine.tokenizeAsync(promptText);
         if (engine.model === model) tokens = t;
       }
       if (tokens === undefined)

@@ -905,6 +905,15 @@ public:
         : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), tmpl(std::move(tmpl)), roles(std::move(roles)), contents(std::move(contents)), add_assistant(add_assistant), packed(std::move(packed)) {}
     Napi::Promise promise() { return deferred.Promise(); }
 
+    // Tokenizes the rendered chat in the same job: the text never becomes a JS string (for 150k
+    // messages, 10 MB made on the JS thread and copied back for tokenizeAsync).
+    void tokenize_after(hydra_model * model, Napi::Value model_handle, bool add_special_, bool parse_special_) {
+        vocab = llama_model_get_vocab(model->model);
+        model_ref = Napi::Persistent(model_handle);
+        add_special = add_special_;
+        parse_special = parse_special_;
+    }
+
     // The packed form (u32 LE count, then per message u32 LE length + role bytes, u32 LE length +
     // content bytes) lets a caller hand over a whole chat with one copy instead of one per string.
     bool unpack() {
@@ -960,8 +969,24 @@ public:
             return;
         }
         out.assign(buf.data(), n);
+        if (vocab != nullptr) {
+            try {
+                tokens = hydra_tokenize(vocab, llama_vocab_type(vocab), out, add_special, parse_special);
+            } catch (const std::exception & e) {
+                SetError(e.what());
+            }
+            out.clear();
+        }
     }
-    void OnOK() override { deferred.Resolve(Napi::String::New(Env(), out)); }
+    void OnOK() override {
+        if (vocab == nullptr) {
+            deferred.Resolve(Napi::String::New(Env(), out));
+            return;
+        }
+        Napi::Int32Array arr = Napi::Int32Array::New(Env(), tokens.size());
+        memcpy(arr.Data(), tokens.data(), sizeof(llama_token) * tokens.size());
+        deferred.Resolve(arr);
+    }
     void OnError(const Napi::Error & e) override {
         deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_BAD_ARGUMENT, e.Message()).Value());
     }
@@ -973,6 +998,10 @@ private:
     bool add_assistant;
     std::string packed;
     std::string out;
+    const llama_vocab * vocab = nullptr;  // set: tokenize the rendered text too
+    Napi::Reference<Napi::Value> model_ref;
+    bool add_special = false, parse_special = false;
+    std::vector<llama_token> tokens;
 };
 
 static std::string chat_template_of(const Napi::CallbackInfo & info, hydra_model * m, size_t arg) {
@@ -1014,9 +1043,10 @@ static Napi::Value chat_apply_template_async(const Napi::CallbackInfo & info) {
     return p;
 }
 
-// (model, packed: Uint8Array, addAssistant, template?) -> Promise<string>; the bytes are copied
-// here and unpacked in the worker.
-static Napi::Value chat_apply_template_packed_async(const Napi::CallbackInfo & info) {
+// (model, packed: Uint8Array, addAssistant, template?) -> Promise<string>, and with
+// (..., addSpecial, parseSpecial) -> Promise<Int32Array> for chatTokenizePackedAsync. The bytes
+// are copied here and unpacked in the worker.
+static Napi::Value chat_packed_job(const Napi::CallbackInfo & info, bool tokenize) {
     Napi::Env env = info.Env();
     hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
     if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
@@ -1029,9 +1059,20 @@ static Napi::Value chat_apply_template_packed_async(const Napi::CallbackInfo & i
     }
     bool add_assistant = info.Length() > 2 && info[2].ToBoolean().Value();
     auto * w = new chat_template_worker(env, chat_template_of(info, m, 3), {}, {}, add_assistant, std::move(packed));
+    if (tokenize) {
+        w->tokenize_after(m, info[0], info.Length() > 4 && info[4].ToBoolean().Value(), info.Length() > 5 && info[5].ToBoolean().Value());
+    }
     Napi::Promise p = w->promise();
     w->Queue();
     return p;
+}
+
+static Napi::Value chat_apply_template_packed_async(const Napi::CallbackInfo & info) {
+    return chat_packed_job(info, false);
+}
+
+static Napi::Value chat_tokenize_packed_async(const Napi::CallbackInfo & info) {
+    return chat_packed_job(info, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1606,6 +1647,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("tokenizeAsync", Napi::Function::New(env, tokenize_async));
     exports.Set("chatApplyTemplateAsync", Napi::Function::New(env, chat_apply_template_async));
     exports.Set("chatApplyTemplatePackedAsync", Napi::Function::New(env, chat_apply_template_packed_async));
+    exports.Set("chatTokenizePackedAsync", Napi::Function::New(env, chat_tokenize_packed_async));
     exports.Set("contextCreate", Napi::Function::New(env, context_create));
     exports.Set("contextFree", Napi::Function::New(env, context_free));
     exports.Set("contextInfo", Napi::Function::New(env, context_info));

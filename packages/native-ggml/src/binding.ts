@@ -205,6 +205,14 @@ export interface NativeBinding {
     addAssistant: boolean,
     template?: string,
   ): Promise<string>;
+  chatTokenizePackedAsync(
+    model: ModelHandle,
+    packed: Uint8Array,
+    addAssistant: boolean,
+    template: string | undefined,
+    addSpecial: boolean,
+    parseSpecial: boolean,
+  ): Promise<Int32Array>;
   contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
   contextFree(ctx: ContextHandle): void;
   contextInfo(ctx: ContextHandle): {

@@ -376,6 +376,27 @@ export function packChatMessages(messages: readonly { role: string; content: str
     );
   }
 
+  /**
+   * {@link applyChatTemplateAsync} then {@link tokenizeAsync} in one job off the JS thread: the
+   * rendered text never becomes a JS string.
+   */
+  tokenizeChatAsync(
+    messages: readonly { role: string; content: string }[] | Uint8Array,
+    options: { addAssistant?: boolean; template?: string; addSpecial?: boolean; parseSpecial?: boolean } = {},
+  ): Promise<Int32Array> {
+    const packed = messages instanceof Uint8Array ? messages : packChatMessages(messages);
+    return this.#job(() =>
+      this.#binding.chatTokenizePackedAsync(
+        this.#h(),
+        packed,
+        options.addAssistant ?? true,
+        options.template,
+        options.addSpecial ?? this.info.addBos,
+        options.parseSpecial ?? true,
+      ),
+    );
+  }
+
   // A job holds the native model until it settles: dispose() while one runs frees it afterwards.
   async #job<T>(start: () => Promise<T>): Promise<T> {
     const addAssistant = options.addAssistant ?? true;

@@ -123,6 +123,16 @@ describe('tokenizeAsync / applyChatTemplateAsync', () => {
     }
   });
 
+  it('tokenizeChatAsync gives the tokens of the rendered chat, in one job', async () => {
+    const messages = [
+      { role: 'system', content: 'be brief <s>' },
+      { role: 'user', content: 'hello world' },
+    ];
+    const want = model.tokenize(model.applyChatTemplate(messages));
+    expect([...(await model.tokenizeChatAsync(messages))]).toEqual([...want]);
+    expect([...(await model.tokenizeChatAsync(packChatMessages(messages)))]).toEqual([...want]);
+  });
+
   it('a model disposed while a job runs is freed when the job ends', async () => {
     const m = await Model.load({ path: await tinyModel('f32') });
     const job = m.tokenizeAsync('<|im_end|>'.repeat(20_000), { upstream: true });
