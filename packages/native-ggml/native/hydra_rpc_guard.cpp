@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -344,8 +345,9 @@ const char * op_check(const ggml_tensor * t) {
 class guard {
 public:
     guard(int cfd, int sfd, const std::vector<ggml_backend_t> & backends, const hydra_rpc_limits & limits,
-          hydra_rpc_guard_outcome & out)
-        : cfd(cfd), sfd(sfd), backends(backends), L(limits), out(out), rbuf(READ_BUF), stored(backends.size()) {
+          const char * cache_dir, hydra_rpc_hash_bound * bound, hydra_rpc_guard_outcome & out)
+        : cfd(cfd), sfd(sfd), backends(backends), L(limits), cache_dir(cache_dir ? cache_dir : ""), bound(bound), out(out),
+          rbuf(READ_BUF), stored(backends.size()) {
         alloc_cap = L.max_alloc_bytes ? L.max_alloc_bytes : hydra_rpc_default_alloc_cap(backends);
     }
 
@@ -567,17 +569,18 @@ private:
         if (w.op >= GGML_OP_COUNT) {
             throw refuse{fmt("tensor %" PRIu64 ": op %u past GGML_OP_COUNT", w.id, w.op)};
         }
-        u128 nbytes = 0;
+        u128 nbytes128 = 0;
         bool empty = false;
         for (int i = 0; i < GGML_MAX_DIMS; i++) {
             empty |= w.ne[i] == 0;
         }
         if (!empty) {
-            nbytes = blck == 1 ? (u128) ggml_type_size(type) : (u128) w.ne[0] * w.nb[0] / blck;
+            nbytes128 = blck == 1 ? (u128) ggml_type_size(type) : (u128) w.ne[0] * w.nb[0] / blck;
             for (int i = blck == 1 ? 0 : 1; i < GGML_MAX_DIMS; i++) {
-                nbytes += (u128) (w.ne[i] - 1) * w.nb[i];
+                nbytes128 += (u128) (w.ne[i] - 1) * w.nb[i];
             }
         }
+        nbytes = (uint64_t) std::min<u128>(nbytes128, UINT64_MAX);
         memset(&t, 0, sizeof(t));
         t.type = type;
         for (int i = 0; i < GGML_MAX_DIMS; i++) {
@@ -602,8 +605,8 @@ private:
         if (device >= 0 && b->device != (uint32_t) device) {
             throw refuse{fmt("tensor %" PRIu64 ": buffer of device %u used on device %d", w.id, b->device, device)};
         }
-        if (w.data < b->base || (u128) w.data + nbytes > (u128) b->base + b->size) {
-            throw refuse{fmt("tensor %" PRIu64 ": data 0x%" PRIx64 " + %" PRIu64 " bytes outside its buffer", w.id, w.data, (uint64_t) std::min<u128>(nbytes, UINT64_MAX))};
+        if (w.data < b->base || (u128) w.data + nbytes128 > (u128) b->base + b->size) {
+            throw refuse{fmt("tensor %" PRIu64 ": data 0x%" PRIx64 " + %" PRIu64 " bytes outside its buffer", w.id, w.data, nbytes)};
         }
         t.buffer = (ggml_backend_buffer_t) (uintptr_t) w.buffer;
         if (where) {
@@ -611,12 +614,16 @@ private:
         }
     }
 
-    // [data + offset, + size) inside the tensor's buffer, as upstream's own checks want it.
+    // [data + offset, + size) inside the tensor's buffer, as upstream's own checks want it, and
+    // inside the tensor (last checked by tensor()), as ggml_backend_tensor_set/get assert.
     void region(const rpc_tensor & w, uint64_t offset, uint64_t size, const char * what) {
         buf_info * b = find_buffer(w.buffer);
         u128 p = (u128) w.data + offset;
         if (b == nullptr || p < b->base || p >= (u128) b->base + b->size || p + size > (u128) b->base + b->size) {
             throw refuse{fmt("%s: offset %" PRIu64 " + %" PRIu64 " bytes outside the buffer", what, offset, size)};
+        }
+        if (size > 0 && (u128) offset + size > nbytes) {
+            throw refuse{fmt("%s: offset %" PRIu64 " + %" PRIu64 " bytes outside the tensor", what, offset, size)};
         }
     }
 
@@ -789,6 +796,22 @@ private:
                 payload(r);
                 tensor(r.tensor, t0, true, -1);
                 region(r.tensor, r.offset, 0, "SET_TENSOR_HASH");
+                // the data's size is known only once the hash resolves: the weights index checks it
+                // against this bound on upstream's thread; a cache file is checked here
+                buf_info * b = find_buffer(r.tensor.buffer);
+                uint64_t room = std::min<uint64_t>(nbytes - std::min(nbytes, r.offset), b->base + b->size - (r.tensor.data + r.offset));
+                if (!cache_dir.empty()) {
+                    char name[17];
+                    snprintf(name, sizeof(name), "%016" PRIx64, r.hash);
+                    struct stat st;
+                    if (stat((cache_dir + "/" + name).c_str(), &st) == 0 && (uint64_t) st.st_size > room) {
+                        throw refuse{"SET_TENSOR_HASH: the cached data does not fit the tensor"};
+                    }
+                }
+                {
+                    std::lock_guard<std::mutex> lock(bound->mutex);
+                    bound->max_size = room;
+                }
                 reply = 1;
                 break;
             }
@@ -1097,6 +1120,9 @@ private:
     int cfd, sfd;
     const std::vector<ggml_backend_t> & backends;
     hydra_rpc_limits L;
+    std::string cache_dir;
+    hydra_rpc_hash_bound * bound;
+    uint64_t nbytes = 0;  // of the last tensor checked
     hydra_rpc_guard_outcome & out;
     std::chrono::steady_clock::time_point start;
     std::vector<uint8_t> rbuf;
@@ -1145,11 +1171,30 @@ uint64_t hydra_rpc_default_alloc_cap(const std::vector<ggml_backend_t> & backend
     return cap;
 }
 
+const void * hydra_weights_resolve(void * user_data, uint64_t hash, size_t * size);
+
+const void * hydra_rpc_guarded_resolve(void * bound, uint64_t hash, size_t * size) {
+    size_t n = 0;
+    const void * data = hydra_weights_resolve(nullptr, hash, &n);
+    if (data == nullptr) {
+        return nullptr;
+    }
+    auto * b = static_cast<hydra_rpc_hash_bound *>(bound);
+    std::lock_guard<std::mutex> lock(b->mutex);
+    if (n > b->max_size) {
+        fprintf(stderr, "hydra: a ggml-RPC SET_TENSOR_HASH hit of %zu bytes does not fit its tensor (%" PRIu64 "): answered as a miss\n", n, b->max_size);
+        return nullptr;
+    }
+    *size = n;
+    return data;
+}
+
 void hydra_rpc_guard_run(int client_fd, int server_fd, const std::vector<ggml_backend_t> & backends,
-                         const hydra_rpc_limits & limits, hydra_rpc_guard_outcome & out) {
+                         const hydra_rpc_limits & limits, const char * cache_dir, hydra_rpc_hash_bound * bound,
+                         hydra_rpc_guard_outcome & out) {
     int flags = fcntl(client_fd, F_GETFL, 0);
     fcntl(client_fd, F_SETFL, flags | O_NONBLOCK);
-    guard g(client_fd, server_fd, backends, limits, out);
+    guard g(client_fd, server_fd, backends, limits, cache_dir, bound, out);
     g.run_all();
     fcntl(client_fd, F_SETFL, flags);
 }

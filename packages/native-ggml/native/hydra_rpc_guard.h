@@ -5,6 +5,7 @@
 #include "ggml-backend.h"
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,22 @@ struct hydra_rpc_guard_outcome {
     uint64_t alloc_bytes_peak = 0;
 };
 
+// What the SET_TENSOR_HASH in flight may write: the guard sets it before forwarding the request,
+// upstream's resolver (hydra_rpc_guarded_resolve, on upstream's thread) reads it.
+struct hydra_rpc_hash_bound {
+    std::mutex mutex;
+    uint64_t max_size = 0;
+};
+
+// The weights-index resolver for a guarded session (user_data: its hydra_rpc_hash_bound): a hit
+// larger than the tensor region of the request in flight is answered as a miss.
+const void * hydra_rpc_guarded_resolve(void * bound, uint64_t hash, size_t * size);
+
 // The default session allocation cap for these devices (the rule is in guard.cpp).
 uint64_t hydra_rpc_default_alloc_cap(const std::vector<ggml_backend_t> & backends);
 
 // Relays one session from client_fd (the client's connection, left open) to server_fd (upstream's
 // end of a socketpair, left open), validating every message; returns when either side ends.
 void hydra_rpc_guard_run(int client_fd, int server_fd, const std::vector<ggml_backend_t> & backends,
-                         const hydra_rpc_limits & limits, hydra_rpc_guard_outcome & out);
+                         const hydra_rpc_limits & limits, const char * cache_dir, hydra_rpc_hash_bound * bound,
+                         hydra_rpc_guard_outcome & out);

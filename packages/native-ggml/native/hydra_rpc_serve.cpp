@@ -274,6 +274,7 @@ struct upstream_session {
     const char * cache_dir;
     std::vector<ggml_backend_t> * backends;
     ggml_backend_rpc_serve_stats * stats;
+    hydra_rpc_hash_bound * bound;
     bool ok = false;
     std::string error;
 };
@@ -283,7 +284,7 @@ static void * upstream_session_main(void * arg) {
     t_rpc_serving = true;
     try {
         s->ok = ggml_backend_rpc_serve_fd(s->fd, s->cache_dir, s->backends->size(), s->backends->data(), s->stats,
-                                          hydra_weights_resolve, nullptr);
+                                          hydra_rpc_guarded_resolve, s->bound);
     } catch (const std::exception & e) {
         // An upstream assert or an uncaught std exception on input the guard let through: the
         // session unwound and its socket closed.
@@ -399,7 +400,8 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
         prepared = false;
     }
     hydra_rpc_guard_outcome outcome;
-    upstream_session session{pair[1], cache_dir.empty() ? nullptr : cache_dir.c_str(), &t_serve_backends.backends, stats};
+    hydra_rpc_hash_bound bound;
+    upstream_session session{pair[1], cache_dir.empty() ? nullptr : cache_dir.c_str(), &t_serve_backends.backends, stats, &bound};
     if (prepared) {
         // Large socket buffers keep a weight upload streaming while upstream copies the last chunk.
         int sz = 4 << 20;
@@ -415,7 +417,7 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
             close(pair[1]);
             prepared = false;
         } else {
-            hydra_rpc_guard_run(fd, pair[0], t_serve_backends.backends, limits, outcome);
+            hydra_rpc_guard_run(fd, pair[0], t_serve_backends.backends, limits, session.cache_dir, &bound, outcome);
             // EOF on its socket unwinds upstream's loop once it finishes what it is computing
             shutdown(pair[0], SHUT_RDWR);
             pthread_join(upstream, nullptr);

@@ -151,7 +151,12 @@ export class RpcConn {
 
   static open(port: number, options: { localAddress?: string; host?: string } = {}): Promise<RpcConn> {
     return new Promise((resolve, reject) => {
-      const s = connect({ port, host: options.host ?? '127.0.0.1', localAddress: options.localAddress });
+      const s = connect({
+        port,
+        host: options.host ?? '127.0.0.1',
+        localAddress: options.localAddress,
+        noDelay: true,
+      });
       s.once('connect', () => resolve(new RpcConn(s)));
       s.once('error', reject);
     });
