@@ -16,6 +16,14 @@ export interface ServeSettings {
   progress: 'auto' | 'bar' | 'lines' | 'off';
   /** GGUF files whose tensors the merged port serves to ggml-RPC heads from disk (COMBINE). */
   rpcWeights: string[];
+  // Peer watchdog (combine/watchdog.ts PeerWatchdogOptions).
+  /** No decode progress for this long while a step is in flight is a peer loss. */
+  peerStallMs: number;
+  /** Period of the watchdog's checks and HELLO probes; a probe unanswered within the timeout misses. */
+  peerProbeIntervalMs: number;
+  peerProbeTimeoutMs: number;
+  /** Misses in a row of one peer that are a peer loss. */
+  peerProbeFailures: number;
   // Merged port (--rpc-port) caps and timeouts (hydra-rpc HydraPortOptions).
   /** ggml-RPC sessions served at once (one host process each), and connections waiting for one. */
   rpcPoolSize: number;
@@ -104,6 +112,13 @@ export const FLAGS: FlagSpec[] = [
   },
   { names: ['-b', '--batch-size'], key: 'n_batch', kind: 'int', help: 'logical batch size' },
   { names: ['-ub', '--ubatch-size'], key: 'n_ubatch', kind: 'int', help: 'physical batch size' },
+  {
+    names: ['-kvu', '--kv-unified'],
+    key: 'kv_unified',
+    kind: 'flag',
+    bare: true,
+    help: 'one KV buffer shared by all slots',
+  },
   {
     names: ['-np', '--parallel'],
     key: 'n_parallel',
@@ -339,6 +354,31 @@ export const FLAGS: FlagSpec[] = [
     kind: 'int',
     help: 'a Hydra session that sends no frame for this long is closed (default 300000)',
   },
+  // Peer watchdog (settings; see ServeSettings).
+  {
+    names: ['--peer-stall-ms'],
+    key: '@peerStallMs',
+    kind: 'int',
+    help: 'no decode progress this long with a step in flight is a peer loss (default 15000)',
+  },
+  {
+    names: ['--peer-probe-interval-ms'],
+    key: '@peerProbeIntervalMs',
+    kind: 'int',
+    help: 'peer watchdog check and HELLO probe period (default 1000)',
+  },
+  {
+    names: ['--peer-probe-timeout-ms'],
+    key: '@peerProbeTimeoutMs',
+    kind: 'int',
+    help: 'HELLO probe timeout (default 1000)',
+  },
+  {
+    names: ['--peer-probe-failures'],
+    key: '@peerProbeFailures',
+    kind: 'int',
+    help: 'failed HELLO probes in a row that are a peer loss (default 2)',
+  },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
 ];
@@ -492,6 +532,14 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   progress: 'progress',
   '@rpcWeights': 'rpcWeights',
   rpc_weights: 'rpcWeights',
+  '@peerStallMs': 'peerStallMs',
+  peer_stall_ms: 'peerStallMs',
+  '@peerProbeIntervalMs': 'peerProbeIntervalMs',
+  peer_probe_interval_ms: 'peerProbeIntervalMs',
+  '@peerProbeTimeoutMs': 'peerProbeTimeoutMs',
+  peer_probe_timeout_ms: 'peerProbeTimeoutMs',
+  '@peerProbeFailures': 'peerProbeFailures',
+  peer_probe_failures: 'peerProbeFailures',
   '@apiKeyFile': 'apiKeysFromFile',
   api_key_file: 'apiKeysFromFile',
   '@httpMaxConnections': 'httpMaxConnections',
@@ -575,6 +623,10 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     bodyTimeoutMs: 10_000,
     progress: 'auto',
     rpcWeights: [],
+    peerStallMs: 15_000,
+    peerProbeIntervalMs: 1000,
+    peerProbeTimeoutMs: 1000,
+    peerProbeFailures: 2,
     apiKeysFromFile: [],
     httpMaxConnections: 1024,
     httpMaxConnectionsPerSource: 256,

@@ -186,7 +186,14 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       onFile: (file) => served.broadcastToHosts({ weights: file }),
     });
   }
-  const watchdog = new PeerWatchdog({ engine, log: info });
+  const watchdog = new PeerWatchdog({
+    engine,
+    log: info,
+    stallMs: args.settings.peerStallMs,
+    intervalMs: args.settings.peerProbeIntervalMs,
+    probeTimeoutMs: args.settings.peerProbeTimeoutMs,
+    failures: args.settings.peerProbeFailures,
+  });
   let loaded: Promise<void> = Promise.resolve();
   if (args.layers.get('model')) {
     const onProgress = progressPrinter(args.settings.progress, log);

@@ -2,11 +2,17 @@
 // - a ggml-RPC client thread was parked (native-ggml's abort hook: a send or receive to a peer
 //   failed; the decode waiting on it will never return), checked every tick;
 // - `failures` HELLO probes in a row to a configured peer failed (a dead or unreachable peer,
-//   also while the engine is idle and nothing would notice otherwise);
-// - a decode step has been in flight longer than `stallMs` (a peer that accepts but never answers,
-//   e.g. a link that went down without a reset).
+//   also while the engine is idle and nothing would notice otherwise); a check that saw decode
+//   steps complete counts no miss, since progress proves the peers alive (upstream's
+//   ggml-rpc-server serves one connection at a time: busy with our decode, it leaves HELLO unread);
+// - no decode progress for `stallMs` while a step is in flight (a peer that accepts but never
+//   answers, e.g. a link that went down without a reset). Progress is a completed step, and the
+//   scheduler feeds prompts in steps of at most n_batch tokens (chunked prefill), so a long prompt
+//   on a live pair is many short steps, never one long call: `stallMs` only has to exceed one
+//   n_batch step on the slowest pair (2,048 tokens at 600 tok/s: 3.4 s, under the 15 s default).
 import { probeRpcServer, rpcParkedInfo } from '@hydra-engine/native-ggml';
 import type { Engine } from '../engine.js';
+import { HydraError } from '../errors.js';
 
 export interface PeerWatchdogOptions {
   engine: Engine;
@@ -14,7 +20,7 @@ export interface PeerWatchdogOptions {
   intervalMs?: number;
   /** Consecutive failed probes of one peer that count as a loss (default 2). */
   failures?: number;
-  /** A decode step in flight this long with peers configured counts as a loss (default 15000 ms). */
+  /** No decode progress this long, with a step in flight and peers configured, is a loss (default 15000 ms). */
   stallMs?: number;
   /** HELLO probe timeout (default 1000 ms). */
   probeTimeoutMs?: number;
@@ -25,7 +31,8 @@ export interface PeerWatchdogOptions {
 
 function positive(v: number | undefined, dflt: number, name: string): number {
   const n = v ?? dflt;
-  if (!Number.isFinite(n) || n <= 0) throw new RangeError(`options.${name} must be a positive number`);
+  if (!Number.isFinite(n) || n <= 0)
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `options.${name} must be a positive number`);
   return n;
 }
 
@@ -44,7 +51,10 @@ export class PeerWatchdog {
   readonly #timer: NodeJS.Timeout;
   readonly #misses = new Map<string, number>();
   #parkedSeen: number;
+  #stepsSeen: number;
+  /** A failover is running. */
   #busy = false;
+  #probing = false;
   #lost = 0;
 
   constructor(options: PeerWatchdogOptions) {
@@ -57,6 +67,7 @@ export class PeerWatchdog {
     this.#probe = options.probe ?? ((e, t) => probeRpcServer(e, t));
     this.#parked = options.parked ?? (() => rpcParkedInfo().parked);
     this.#parkedSeen = this.#safeParked();
+    this.#stepsSeen = this.#engine.counters.decodeSteps;
     this.#timer = setInterval(() => void this.check(), interval);
     this.#timer.unref();
   }
@@ -74,7 +85,11 @@ export class PeerWatchdog {
     }
   }
 
-  /** One round of checks (the timer calls it; exposed for tests). */
+  /**
+   * One round of checks (the timer calls it; exposed for tests). The parked-thread and progress
+   * checks act at once; the HELLO probes of a round run apart (a probe may wait its whole timeout,
+   * and the other checks keep their period meanwhile). Resolves once this round's probes settled.
+   */
   async check(): Promise<void> {
     if (this.#busy) return;
     const engine = this.#engine;
@@ -84,15 +99,16 @@ export class PeerWatchdog {
       this.#parkedSeen = this.#safeParked();
       return;
     }
-    this.#busy = true;
+    const parked = this.#safeParked();
+    const lostLink = parked > this.#parkedSeen;
+    this.#parkedSeen = parked;
+    if (lostLink) return this.#lose('a ggml-RPC connection to a peer failed', peers);
+    const stalled = engine.decodeStalledMs();
+    if (stalled !== undefined && stalled > this.#stallMs)
+      return this.#lose(`no decode progress for ${Math.round(stalled)} ms (a step waits on a peer)`, peers);
+    if (this.#probing) return;
+    this.#probing = true;
     try {
-      let reason: string | undefined;
-      const parked = this.#safeParked();
-      if (parked > this.#parkedSeen) reason = 'a ggml-RPC connection to a peer failed';
-      this.#parkedSeen = parked;
-      const stalled = engine.decodeStalledMs();
-      if (!reason && stalled !== undefined && stalled > this.#stallMs)
-        reason = `a decode step waited ${Math.round(stalled)} ms for a peer`;
       const results = await Promise.all(
         peers.map((p) =>
           this.#probe(p, this.#probeTimeoutMs).then(
@@ -101,16 +117,30 @@ export class PeerWatchdog {
           ),
         ),
       );
+      const steps = engine.counters.decodeSteps;
+      const progressed = steps !== this.#stepsSeen;
+      this.#stepsSeen = steps;
+      let reason: string | undefined;
       for (const [i, p] of peers.entries()) {
-        const miss = results[i] === undefined ? 0 : (this.#misses.get(p) ?? 0) + 1;
+        const miss = results[i] === undefined || progressed ? 0 : (this.#misses.get(p) ?? 0) + 1;
         this.#misses.set(p, miss);
         if (!reason && miss >= this.#failuresNeeded)
           reason = `peer ${p} did not answer ${miss} HELLO probes (${results[i]})`;
       }
-      if (!reason) return;
-      // Only peers still configured and in use are named; all of them are dropped (the model used
-      // every one: a loss of one breaks its graph).
-      if ((engine.layers.get('rpc_servers') as string[]).join() !== peers.join()) return;
+      if (reason && !this.#busy) await this.#lose(reason, peers);
+    } finally {
+      this.#probing = false;
+    }
+  }
+
+  async #lose(reason: string, peers: string[]): Promise<void> {
+    const engine = this.#engine;
+    // Only peers still configured and in use are named; all of them are dropped (the model used
+    // every one: a loss of one breaks its graph).
+    if (engine.state !== 'ready' || (engine.layers.get('rpc_servers') as string[]).join() !== peers.join())
+      return;
+    this.#busy = true;
+    try {
       this.#lost += 1;
       this.#misses.clear();
       this.#log(`hydra-engine: peer loss: ${reason}`);
