@@ -1191,6 +1191,8 @@ static Napi::Value context_info(const Napi::CallbackInfo & info) {
     out.Set("nBatch", llama_n_batch(c->ctx));
     out.Set("nUbatch", llama_n_ubatch(c->ctx));
     out.Set("nSeqMax", llama_n_seq_max(c->ctx));
+    out.Set("nThreads", llama_n_threads(c->ctx));
+    out.Set("nThreadsBatch", llama_n_threads_batch(c->ctx));
     return out;
 }
 
@@ -1212,24 +1214,78 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// samplers: a chain per sequence, in the order common_sampler uses
+// samplers: a chain per sequence, built as common_sampler_init (common/sampling.cpp) builds it from
+// common_params_sampling, from the pinned llama.cpp's own samplers; stages that cannot change the
+// result (a disabled penalty, DRY or XTC, typical at 1) are left out so the default chain stays
+// offloadable to the backend
+
+static const char * const SAMPLER_STAGES[] = {"penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
+                                              "min_p", "xtc", "temperature", "infill", "adaptive_p"};
 
 static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
     Napi::Object p = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
     const llama_vocab * vocab = llama_model_get_vocab(m->model);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     float temp = (float) arg_number(p, "temp", 0.8);
     int32_t top_k = (int32_t) arg_number(p, "topK", 40);
     float top_p = (float) arg_number(p, "topP", 0.95);
     float min_p = (float) arg_number(p, "minP", 0.05);
     float typ_p = (float) arg_number(p, "typP", 1.0);
+    size_t min_keep = (size_t) std::max(0.0, arg_number(p, "minKeep", 1));
     float penalty_repeat = (float) arg_number(p, "penaltyRepeat", 1.0);
     float penalty_freq = (float) arg_number(p, "penaltyFreq", 0.0);
     float penalty_present = (float) arg_number(p, "penaltyPresent", 0.0);
     int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
     uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
     std::string grammar = arg_string(p, "grammar");
+    float xtc_probability = (float) arg_number(p, "xtcProbability", 0.0);
+    float xtc_threshold = (float) arg_number(p, "xtcThreshold", 0.1);
+    float dynatemp_range = (float) arg_number(p, "dynatempRange", 0.0);
+    float dynatemp_exponent = (float) arg_number(p, "dynatempExponent", 1.0);
+    float dry_multiplier = (float) arg_number(p, "dryMultiplier", 0.0);
+    float dry_base = (float) arg_number(p, "dryBase", 1.75);
+    int32_t dry_allowed_length = (int32_t) arg_number(p, "dryAllowedLength", 2);
+    int32_t dry_penalty_last_n = (int32_t) arg_number(p, "dryPenaltyLastN", -1);
+    std::vector<std::string> dry_breakers = p.Has("drySequenceBreakers") ? arg_strings(p, "drySequenceBreakers")
+                                                                           : std::vector<std::string>{"\n", ":", "\"", "*"};
+    float adaptive_target = (float) arg_number(p, "adaptiveTarget", -1.0);
+    float adaptive_decay = (float) arg_number(p, "adaptiveDecay", 0.9);
+    int32_t mirostat = (int32_t) arg_number(p, "mirostat", 0);
+    float mirostat_tau = (float) arg_number(p, "mirostatTau", 5.0);
+    float mirostat_eta = (float) arg_number(p, "mirostatEta", 0.1);
+    float top_n_sigma = (float) arg_number(p, "topNSigma", -1.0);
+    // -1 is "the whole context" for both windows, as llama-server maps it before building the chain.
+    const int32_t n_ctx_train = llama_model_n_ctx_train(m->model);
+    if (penalty_last_n == -1) penalty_last_n = n_ctx_train;
+    if (dry_penalty_last_n == -1) dry_penalty_last_n = n_ctx_train;
+    std::vector<std::string> stages = p.Has("samplers") ? arg_strings(p, "samplers")
+                                                        : std::vector<std::string>(SAMPLER_STAGES, SAMPLER_STAGES + 9);
+    for (const std::string & s : stages) {
+        if (std::find(std::begin(SAMPLER_STAGES), std::end(SAMPLER_STAGES), s) == std::end(SAMPLER_STAGES)) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.samplers: unknown sampler \"" + s + "\"");
+        }
+    }
+    if (mirostat < 0 || mirostat > 2) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.mirostat must be 0, 1 or 2");
+    }
+    std::vector<llama_logit_bias> biases;
+    Napi::Value lb = p.Get("logitBias");
+    if (lb.IsArray()) {
+        Napi::Array a = lb.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            Napi::Value e = a.Get(i);
+            Napi::Object o = e.IsObject() ? e.As<Napi::Object>() : Napi::Object::New(env);
+            double token = arg_number(o, "token", -1);
+            double bias = arg_number(o, "bias", NAN);
+            if (!(token >= 0 && token < n_vocab && token == std::floor(token)) || std::isnan(bias)) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.logitBias[" + std::to_string(i) +
+                                  "] must be {token, bias} with a token id below " + std::to_string(n_vocab));
+            }
+            biases.push_back({(llama_token) token, (float) bias});
+        }
+    }
 
     llama_sampler_chain_params scp = llama_sampler_chain_default_params();
     scp.no_perf = true;
@@ -1242,30 +1298,108 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         }
         llama_sampler_chain_add(chain, g);
     }
-    if (penalty_repeat != 1.0f || penalty_freq != 0.0f || penalty_present != 0.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
+    if (!biases.empty()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, (int32_t) biases.size(), biases.data()));
     }
-    if (temp <= 0.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-    } else {
-        llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
-        if (typ_p < 1.0f) {
-            llama_sampler_chain_add(chain, llama_sampler_init_typical(typ_p, 1));  // no backend version
-        }
-        llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
-        llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
+    if (mirostat != 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
-        llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+        llama_sampler_chain_add(chain, mirostat == 1 ? llama_sampler_init_mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)
+                                                     : llama_sampler_init_mirostat_v2(seed, mirostat_tau, mirostat_eta));
+    } else {
+        // temp <= 0 is argmax (upstream's temperature keeps the top logit alone): the stages that
+        // always keep the top token are skipped and greedy ends the chain.
+        const bool greedy = temp <= 0.0f;
+        bool adaptive = false;
+        for (const std::string & s : stages) {
+            if (s == "penalties") {
+                if ((penalty_repeat != 1.0f || penalty_freq != 0.0f || penalty_present != 0.0f) && penalty_last_n != 0) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_penalties(n_vocab, penalty_last_n, penalty_repeat, penalty_freq, penalty_present));
+                }
+            } else if (s == "dry") {
+                if (dry_multiplier != 0.0f && dry_base >= 1.0f && dry_penalty_last_n != 0) {
+                    std::vector<const char *> breakers;
+                    for (const std::string & b : dry_breakers) {
+                        breakers.push_back(b.c_str());
+                    }
+                    llama_sampler_chain_add(chain, llama_sampler_init_dry(vocab, dry_multiplier, dry_base, dry_allowed_length,
+                                                                          dry_penalty_last_n, breakers.data(), breakers.size()));
+                }
+            } else if (s == "top_n_sigma") {
+                if (!greedy && top_n_sigma > 0.0f) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_top_n_sigma(top_n_sigma));
+                }
+            } else if (s == "top_k") {
+                if (!greedy) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
+                }
+            } else if (s == "typ_p") {
+                if (typ_p < 1.0f) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_typical(typ_p, min_keep));  // no backend version
+                }
+            } else if (s == "top_p") {
+                if (!greedy) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, min_keep));
+                }
+            } else if (s == "min_p") {
+                if (!greedy) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, min_keep));
+                }
+            } else if (s == "xtc") {
+                if (xtc_probability > 0.0f) {
+                    llama_sampler_chain_add(chain, llama_sampler_init_xtc(xtc_probability, xtc_threshold, min_keep, seed));
+                }
+            } else if (s == "temperature") {
+                if (!greedy) {
+                    llama_sampler_chain_add(chain, dynatemp_range > 0.0f ? llama_sampler_init_temp_ext(temp, dynatemp_range, dynatemp_exponent)
+                                                                         : llama_sampler_init_temp(temp));
+                }
+            } else if (s == "infill") {
+                llama_sampler_chain_add(chain, llama_sampler_init_infill(vocab));
+            } else if (s == "adaptive_p") {
+                adaptive = true;  // it picks the token, so it ends the chain (as in common_sampler_init)
+            }
+        }
+        if (greedy) {
+            llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        } else if (adaptive) {
+            llama_sampler_chain_add(chain, llama_sampler_init_adaptive_p(adaptive_target, adaptive_decay, seed));
+        } else {
+            llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+        }
     }
     static std::atomic<uint64_t> next_id{1};
     auto * s = new hydra_sampler();
     s->chain = chain;
     s->id = next_id++;
-    char sig[512];
-    snprintf(sig, sizeof(sig), "%g/%d/%g/%g/%g/%g/%g/%g/%d/%u/", temp, top_k, top_p, min_p, typ_p, penalty_repeat,
-             penalty_freq, penalty_present, penalty_last_n, seed);
-    s->signature = std::string(sig) + grammar;
+    char sig[1024];
+    snprintf(sig, sizeof(sig), "%a/%d/%a/%a/%a/%zu/%a/%a/%a/%d/%u/%a/%a/%a/%a/%a/%a/%d/%d/%a/%a/%d/%a/%a/%a/", temp, top_k, top_p,
+             min_p, typ_p, min_keep, penalty_repeat, penalty_freq, penalty_present, penalty_last_n, seed, xtc_probability,
+             xtc_threshold, dynatemp_range, dynatemp_exponent, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+             adaptive_target, adaptive_decay, mirostat, mirostat_tau, mirostat_eta, top_n_sigma);
+    std::string signature(sig);
+    for (const std::string & st : stages) {
+        signature += st + ",";
+    }
+    for (const std::string & b : dry_breakers) {
+        signature += std::to_string(b.size()) + ":" + b;
+    }
+    for (const llama_logit_bias & b : biases) {
+        char one[64];
+        snprintf(one, sizeof(one), "%d=%a,", b.token, b.bias);
+        signature += one;
+    }
+    s->signature = signature + "/" + grammar;
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
+}
+
+// samplerNames(sampler) -> the chain's stages as llama.cpp names them (llama_sampler_name)
+static Napi::Value sampler_names(const Napi::CallbackInfo & info) {
+    hydra_sampler * s = hydra_handle_get<hydra_sampler>(info[0], "sampler");
+    Napi::Array out = Napi::Array::New(info.Env());
+    for (int i = 0; i < llama_sampler_chain_n(s->chain); i++) {
+        out.Set((uint32_t) i, llama_sampler_name(llama_sampler_chain_get(s->chain, i)));
+    }
+    return out;
 }
 
 static Napi::Value sampler_free(const Napi::CallbackInfo & info) {
@@ -1279,8 +1413,18 @@ static Napi::Value sampler_free(const Napi::CallbackInfo & info) {
 static Napi::Value sampler_accept(const Napi::CallbackInfo & info) {
     hydra_sampler * s = hydra_handle_get<hydra_sampler>(info[0], "sampler");
     Napi::Int32Array tokens = info[1].As<Napi::Int32Array>();
+    // A grammar constrains what is generated, not the prompt (common_sampler_accept with
+    // accept_grammar false): history goes to the stages after it.
+    const int n = llama_sampler_chain_n(s->chain);
+    const bool grammar = n > 0 && strcmp(llama_sampler_name(llama_sampler_chain_get(s->chain, 0)), "grammar") == 0;
     for (size_t i = 0; i < tokens.ElementLength(); i++) {
-        llama_sampler_accept(s->chain, tokens[i]);
+        if (!grammar) {
+            llama_sampler_accept(s->chain, tokens[i]);
+            continue;
+        }
+        for (int k = 1; k < n; k++) {
+            llama_sampler_accept(llama_sampler_chain_get(s->chain, k), tokens[i]);
+        }
     }
     return info.Env().Undefined();
 }
@@ -1655,6 +1799,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("samplerCreate", Napi::Function::New(env, sampler_create));
     exports.Set("samplerFree", Napi::Function::New(env, sampler_free));
     exports.Set("samplerAccept", Napi::Function::New(env, sampler_accept));
+    exports.Set("samplerNames", Napi::Function::New(env, sampler_names));
     exports.Set("decodeStep", Napi::Function::New(env, decode_step));
     exports.Set("memorySeqRm", Napi::Function::New(env, memory_seq_rm));
     exports.Set("memorySeqCp", Napi::Function::New(env, memory_seq_cp));

@@ -84,18 +84,58 @@ export interface NativeContextParams {
   backendSampling?: boolean;
 }
 
+/** The sampler stages of common_params_sampling's `samplers` order. */
+export type SamplerStage =
+  | 'penalties'
+  | 'dry'
+  | 'top_n_sigma'
+  | 'top_k'
+  | 'typ_p'
+  | 'top_p'
+  | 'min_p'
+  | 'xtc'
+  | 'temperature'
+  | 'infill'
+  | 'adaptive_p';
+
+/**
+ * common_params_sampling in camelCase; absent fields take llama.cpp's defaults. `penaltyLastN` and
+ * `dryPenaltyLastN` -1 mean the model's training context. `logitBias` token ids must be below the
+ * vocabulary size.
+ */
 export interface NativeSamplerParams {
   temp?: number;
   topK?: number;
   topP?: number;
   minP?: number;
   typP?: number;
+  minKeep?: number;
   penaltyRepeat?: number;
   penaltyFreq?: number;
   penaltyPresent?: number;
   penaltyLastN?: number;
   seed?: number;
+  /** GBNF with a `root` rule; a grammar that does not parse is HYDRA_ERR_BAD_ARGUMENT. */
   grammar?: string;
+  xtcProbability?: number;
+  xtcThreshold?: number;
+  dynatempRange?: number;
+  dynatempExponent?: number;
+  dryMultiplier?: number;
+  dryBase?: number;
+  dryAllowedLength?: number;
+  dryPenaltyLastN?: number;
+  drySequenceBreakers?: string[];
+  adaptiveTarget?: number;
+  adaptiveDecay?: number;
+  /** 0 off, 1 Mirostat, 2 Mirostat 2.0 (then only temperature comes before it, as upstream). */
+  mirostat?: number;
+  mirostatTau?: number;
+  mirostatEta?: number;
+  topNSigma?: number;
+  logitBias?: { token: number; bias: number }[];
+  /** Stage order (default: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature). */
+  samplers?: SamplerStage[];
 }
 
 export interface NativeDecodeEntry {
@@ -221,6 +261,8 @@ export interface NativeBinding {
     nBatch: number;
     nUbatch: number;
     nSeqMax: number;
+    nThreads: number;
+    nThreadsBatch: number;
   };
   contextMemory(
     ctx: ContextHandle,
@@ -228,6 +270,8 @@ export interface NativeBinding {
   samplerCreate(model: ModelHandle, params: NativeSamplerParams): SamplerHandle;
   samplerFree(sampler: SamplerHandle): void;
   samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;
+  /** The chain's stages as llama.cpp names them (llama_sampler_name). */
+  samplerNames(sampler: SamplerHandle): string[];
   decodeStep(
     ctx: ContextHandle,
     entries: NativeDecodeEntry[],

@@ -12,6 +12,7 @@ import {
   type NativeModelInfo,
   type NativeModelParams,
   type NativeSamplerParams,
+  type SamplerStage,
   type NativeServeSummary,
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
@@ -25,6 +26,7 @@ export type {
   NativeDevice as Device,
   NativeModelInfo as ModelInfo,
   NativeSamplerParams as SamplerParams,
+  SamplerStage,
   NativeServeSummary as ServeSummary,
   NativeWeightsIndexAdded as WeightsIndexAdded,
   NativeWeightsIndexInfo as WeightsIndexInfo,
@@ -476,9 +478,14 @@ export class Sampler {
     return this.#handle;
   }
 
-  /** Adds tokens to the sampler's history (prompt tokens, for repeat penalties). */
+  /** Adds tokens to the sampler's history (prompt tokens, for penalties and DRY; a grammar skips them). */
   accept(tokens: Int32Array): void {
     this.#binding.samplerAccept(this.handle, tokens);
+  }
+
+  /** The stages of the chain llama.cpp runs, as llama.cpp names them (`top-k`, `dist`, `greedy`, ...). */
+  names(): string[] {
+    return call(() => this.#binding.samplerNames(this.handle));
   }
 
   dispose(): void {
@@ -551,7 +558,15 @@ export class Context {
     return run.catch(rethrow);
   }
 
-  get info(): { nCtx: number; nCtxSeq: number; nBatch: number; nUbatch: number; nSeqMax: number } {
+  get info(): {
+    nCtx: number;
+    nCtxSeq: number;
+    nBatch: number;
+    nUbatch: number;
+    nSeqMax: number;
+    nThreads: number;
+    nThreadsBatch: number;
+  } {
     return this.#binding.contextInfo(this.#h());
   }
 

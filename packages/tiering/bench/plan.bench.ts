@@ -17,8 +17,8 @@ const FORMATTED: Record<string, unknown> = {
   kv_overrides: ['tokenizer.ggml.add_bos_token=bool:false'],
   tensor_split: [25, 40],
   'sampling.logit_bias': { '15043': -1.5 },
-  'cpuparams.cpumask': 'ff',
-  'cpuparams_batch.cpumask': 'ff',
+  'sampling.samplers': ['top_k', 'temperature'],
+  'sampling.grammar': 'root ::= [a-z]+',
 };
 
 /** A valid value that differs from the default, so every key of the delta is a change. */

@@ -83,7 +83,6 @@ const NOT_SERVED = 'a llama-server setting this engine does not implement';
 const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
 const NO_THREADPOOL =
   'CPU masks, priority and polling need a ggml threadpool, which the engine does not create';
-const SAMPLER_NOT_WIRED = 'a sampler setting the native sampler chain does not build yet';
 const NOT_PASSED = 'a llama.cpp load/context option the native binding does not pass';
 
 // ---------------------------------------------------------------- T1: sampler (common_params_sampling)
@@ -95,31 +94,31 @@ S('n_prev', int(1, 1 << 20), 64, {
 S('n_probs', int(0, 1 << 20), 0, {
   unsupported: 'token probabilities (logprobs) are not returned by this engine',
 });
-S('min_keep', int(0, 1 << 20), 0, { unsupported: SAMPLER_NOT_WIRED });
+S('min_keep', int(0, 1 << 20), 0);
 S('top_k', int(-1, 1 << 24), 40);
 S('top_p', num(0, 1), 0.95);
 S('min_p', num(0, 1), 0.05);
-S('xtc_probability', num(0, 1), 0, { unsupported: SAMPLER_NOT_WIRED });
-S('xtc_threshold', num(0, 1), 0.1, { unsupported: SAMPLER_NOT_WIRED });
+S('xtc_probability', num(0, 1), 0);
+S('xtc_threshold', num(0, 1), 0.1);
 S('typ_p', num(0, 1), 1);
 S('temp', num(0, 100), 0.8);
-S('dynatemp_range', num(0, 100), 0, { unsupported: SAMPLER_NOT_WIRED });
-S('dynatemp_exponent', num(0, 100), 1, { unsupported: SAMPLER_NOT_WIRED });
+S('dynatemp_range', num(0, 100), 0);
+S('dynatemp_exponent', num(0, 100), 1);
 S('penalty_last_n', int(-1, 1 << 24), 64);
 S('penalty_repeat', num(0, 100), 1);
 S('penalty_freq', num(-100, 100), 0);
 S('penalty_present', num(-100, 100), 0);
-S('dry_multiplier', num(0, 100), 0, { unsupported: SAMPLER_NOT_WIRED });
-S('dry_base', num(0, 100), 1.75, { unsupported: SAMPLER_NOT_WIRED });
-S('dry_allowed_length', int(0, 1 << 24), 2, { unsupported: SAMPLER_NOT_WIRED });
-S('dry_penalty_last_n', int(-1, 1 << 24), 64, { unsupported: SAMPLER_NOT_WIRED });
-S('dry_sequence_breakers', list(str(256), 256), ['\n', ':', '"', '*'], { unsupported: SAMPLER_NOT_WIRED });
-S('adaptive_target', num(-1, 1), -1, { unsupported: SAMPLER_NOT_WIRED });
-S('adaptive_decay', num(0, 0.99), 0.9, { unsupported: SAMPLER_NOT_WIRED });
-S('mirostat', int(0, 2), 0, { unsupported: SAMPLER_NOT_WIRED });
-S('mirostat_tau', num(0, 100), 5, { unsupported: SAMPLER_NOT_WIRED });
-S('mirostat_eta', num(0, 10), 0.1, { unsupported: SAMPLER_NOT_WIRED });
-S('top_n_sigma', num(-1, 100), -1, { unsupported: SAMPLER_NOT_WIRED });
+S('dry_multiplier', num(0, 100), 0);
+S('dry_base', num(0, 100), 1.75);
+S('dry_allowed_length', int(0, 1 << 24), 2);
+S('dry_penalty_last_n', int(-1, 1 << 24), 64);
+S('dry_sequence_breakers', list(str(256), 256), ['\n', ':', '"', '*']);
+S('adaptive_target', num(-1, 1), -1);
+S('adaptive_decay', num(0, 0.99), 0.9);
+S('mirostat', int(0, 2), 0);
+S('mirostat_tau', num(0, 100), 5);
+S('mirostat_eta', num(0, 10), 0.1);
+S('top_n_sigma', num(-1, 100), -1);
 S('ignore_eos', bool, false);
 S('no_perf', bool, false, { unsupported: NO_TIMINGS });
 S('timing_per_token', bool, false, { unsupported: NO_TIMINGS });
@@ -142,14 +141,13 @@ S(
     32,
   ),
   ['penalties', 'dry', 'top_n_sigma', 'top_k', 'typ_p', 'top_p', 'min_p', 'xtc', 'temperature'],
-  { unsupported: SAMPLER_NOT_WIRED },
 );
-S('grammar', str(1 << 20), '', { unsupported: SAMPLER_NOT_WIRED });
+S('grammar', str(1 << 20), '');
 S('grammar_lazy', bool, false, {
   unsupported: 'a lazy grammar needs trigger words or patterns, and the registry has no field for them',
 });
 // Keys are token ids in decimal; JSON maps cannot have integer keys.
-S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {}, { unsupported: SAMPLER_NOT_WIRED });
+S('logit_bias', map(num(-1e9, 1e9), 1 << 16), {});
 S('reasoning_budget_tokens', int(-1), -1, { unsupported: 'reasoning budgets are not implemented' });
 S('reasoning_budget_message', str(), '', { unsupported: 'reasoning budgets are not implemented' });
 S('backend_sampling', bool, false, {

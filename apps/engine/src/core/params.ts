@@ -1,4 +1,4 @@
-import type { ContextParams, ModelLoadParams, SamplerParams } from '@hydra-engine/native-ggml';
+import type { ContextParams, ModelLoadParams, SamplerParams, SamplerStage } from '@hydra-engine/native-ggml';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
 
@@ -71,18 +71,44 @@ export function contextParamsFrom(cfg: Params): ContextParams {
   }) as ContextParams;
 }
 
+/** `sampling.logit_bias` (token id in decimal -> bias) as the native list; ids are checked natively. */
+function logitBiasFrom(map: unknown): { token: number; bias: number }[] | undefined {
+  const entries = Object.entries((map as Record<string, number> | undefined) ?? {});
+  return entries.length > 0 ? entries.map(([token, bias]) => ({ token: Number(token), bias })) : undefined;
+}
+
 /** Sampler parameters (T1 `sampling.*` and `seed`) from a configuration or request. */
 export function samplerParamsFrom(cfg: Params): SamplerParams {
-  return {
+  const grammar = cfg['sampling.grammar'] as string | undefined;
+  return withoutDefaults({
     temp: cfg['sampling.temp'] as number,
     topK: cfg['sampling.top_k'] as number,
     topP: cfg['sampling.top_p'] as number,
     minP: cfg['sampling.min_p'] as number,
     typP: cfg['sampling.typ_p'] as number,
+    minKeep: cfg['sampling.min_keep'] as number,
     penaltyRepeat: cfg['sampling.penalty_repeat'] as number,
     penaltyFreq: cfg['sampling.penalty_freq'] as number,
     penaltyPresent: cfg['sampling.penalty_present'] as number,
     penaltyLastN: cfg['sampling.penalty_last_n'] as number,
     seed: cfg.seed as number,
-  };
+    grammar: grammar === '' ? undefined : grammar,
+    xtcProbability: cfg['sampling.xtc_probability'] as number,
+    xtcThreshold: cfg['sampling.xtc_threshold'] as number,
+    dynatempRange: cfg['sampling.dynatemp_range'] as number,
+    dynatempExponent: cfg['sampling.dynatemp_exponent'] as number,
+    dryMultiplier: cfg['sampling.dry_multiplier'] as number,
+    dryBase: cfg['sampling.dry_base'] as number,
+    dryAllowedLength: cfg['sampling.dry_allowed_length'] as number,
+    dryPenaltyLastN: cfg['sampling.dry_penalty_last_n'] as number,
+    drySequenceBreakers: cfg['sampling.dry_sequence_breakers'] as string[],
+    adaptiveTarget: cfg['sampling.adaptive_target'] as number,
+    adaptiveDecay: cfg['sampling.adaptive_decay'] as number,
+    mirostat: cfg['sampling.mirostat'] as number,
+    mirostatTau: cfg['sampling.mirostat_tau'] as number,
+    mirostatEta: cfg['sampling.mirostat_eta'] as number,
+    topNSigma: cfg['sampling.top_n_sigma'] as number,
+    logitBias: logitBiasFrom(cfg['sampling.logit_bias']),
+    samplers: cfg['sampling.samplers'] as SamplerStage[],
+  }) as SamplerParams;
 }

@@ -1,0 +1,446 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { HydraClient } from '@hydra-engine/hydra-rpc';
+import {
+  type ContextParams,
+  initBackend,
+  Model,
+  type ModelLoadParams,
+  type SamplerParams,
+} from '@hydra-engine/native-ggml';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { defaults, FIELDS, isRuntimeField, type Params, plan } from '@hydra-engine/tiering';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { contextParamsFrom, modelParamsFrom, samplerParamsFrom } from '../src/core/params.js';
+import { complete, freePort } from './control-helpers.js';
+import { engineWith } from './helpers.js';
+
+// Issue 20: every key of the common_params registry either takes an effect that llama.cpp (or the
+// engine) shows, or is refused. The table below names, for each accepted key, the value to set and
+// what must change; a registry key that is accepted without a row here fails the first test.
+
+type Ctx = Awaited<ReturnType<Model['createContext']>>;
+type Info = Ctx['info'];
+
+type Check =
+  /** The sampler chain llama.cpp runs: its stage names include `names`, and the tokens change. */
+  | { kind: 'sampler'; value: unknown; base?: Params; names?: string[]; same?: true }
+  /** The context llama.cpp built: `read` of its info equals `want`, or the prompt's logits change. */
+  | { kind: 'context'; value: unknown; base?: Params; read?: (i: Info) => unknown; want?: unknown }
+  /** The model llama.cpp loaded: `read` equals `want`, or the load fails as the value asks for. */
+  | { kind: 'model'; value: unknown; read?: (m: Model) => unknown; want?: unknown; fails?: string }
+  /**
+   * Reaches the native parameters llama.cpp is given (`field` equals `want`, and llama.cpp accepts
+   * it) but has no getter and no effect on the tiny model on a CPU host; `why` says which.
+   */
+  | {
+      kind: 'passed';
+      value: unknown;
+      field: keyof ContextParams | keyof ModelLoadParams;
+      want: unknown;
+      why: string;
+    }
+  /** An engine setting: checked end to end through CONFIGURE and the HTTP API below. */
+  | { kind: 'engine'; value: unknown };
+
+const warm = { 'sampling.temp': 1, seed: 1 };
+const greedy = { 'sampling.temp': 0 };
+const yarn = { rope_scaling_type: 'yarn', rope_freq_scale: 0.25 };
+const miro = { ...warm, 'sampling.mirostat': 2 };
+// A bias makes greedy repeat one token, which DRY then breaks up.
+const repeat = { ...greedy, 'sampling.logit_bias': { '100': 8 } };
+const dry = { ...repeat, 'sampling.dry_multiplier': 2 };
+const adaptive = {
+  ...warm,
+  'sampling.temp': 0.5,
+  'sampling.samplers': ['top_k', 'temperature', 'adaptive_p'],
+  'sampling.adaptive_target': 0.2,
+};
+
+const TABLE: Record<string, Check> = {
+  'sampling.min_keep': { kind: 'sampler', value: 50, base: { ...warm, 'sampling.top_p': 0 } },
+  'sampling.top_k': { kind: 'sampler', value: 1, base: warm, names: ['top-k'] },
+  'sampling.top_p': { kind: 'sampler', value: 0.05, base: warm, names: ['top-p'] },
+  'sampling.min_p': { kind: 'sampler', value: 0.9, base: warm, names: ['min-p'] },
+  'sampling.xtc_probability': {
+    kind: 'sampler',
+    value: 1,
+    base: { ...warm, 'sampling.xtc_threshold': 0.001 },
+    names: ['xtc'],
+  },
+  'sampling.xtc_threshold': {
+    kind: 'sampler',
+    value: 0.001,
+    base: { ...warm, 'sampling.xtc_probability': 1 },
+    names: ['xtc'],
+  },
+  'sampling.typ_p': { kind: 'sampler', value: 0.2, base: warm, names: ['typical'] },
+  'sampling.temp': { kind: 'sampler', value: 0, base: warm, names: ['greedy'] },
+  'sampling.dynatemp_range': { kind: 'sampler', value: 0.9, base: warm, names: ['temp-ext'] },
+  'sampling.dynatemp_exponent': {
+    kind: 'sampler',
+    value: 4,
+    base: { ...warm, 'sampling.dynatemp_range': 0.9 },
+    names: ['temp-ext'],
+  },
+  'sampling.penalty_last_n': {
+    kind: 'sampler',
+    value: 0,
+    base: { ...greedy, 'sampling.penalty_repeat': 2 },
+  },
+  'sampling.penalty_repeat': { kind: 'sampler', value: 2, base: greedy, names: ['penalties'] },
+  'sampling.penalty_freq': { kind: 'sampler', value: 2, base: greedy, names: ['penalties'] },
+  'sampling.penalty_present': { kind: 'sampler', value: 2, base: greedy, names: ['penalties'] },
+  'sampling.dry_multiplier': { kind: 'sampler', value: 2, base: repeat, names: ['dry'] },
+  'sampling.dry_base': { kind: 'sampler', value: 4, base: dry, names: ['dry'] },
+  'sampling.dry_allowed_length': { kind: 'sampler', value: 1, base: dry, names: ['dry'] },
+  'sampling.dry_penalty_last_n': { kind: 'sampler', value: 0, base: dry },
+  // Breakers cut the repeat DRY looks for: with every generated piece a breaker, DRY has no effect.
+  'sampling.dry_sequence_breakers': { kind: 'sampler', value: 'GENERATED_PIECES', base: dry, names: ['dry'] },
+  'sampling.adaptive_target': { kind: 'sampler', value: 0.5, base: adaptive, names: ['adaptive-p'] },
+  'sampling.adaptive_decay': { kind: 'sampler', value: 0, base: adaptive, names: ['adaptive-p'] },
+  'sampling.mirostat': { kind: 'sampler', value: 2, base: warm, names: ['mirostat-v2'] },
+  'sampling.mirostat_tau': { kind: 'sampler', value: 0.5, base: miro, names: ['mirostat-v2'] },
+  'sampling.mirostat_eta': { kind: 'sampler', value: 1, base: { ...miro, 'sampling.mirostat_tau': 2 } },
+  'sampling.top_n_sigma': { kind: 'sampler', value: 0.5, base: warm, names: ['top-n-sigma'] },
+  'sampling.samplers': {
+    kind: 'sampler',
+    value: ['top_k', 'temperature'],
+    base: { ...warm, 'sampling.temp': 0.7 },
+  },
+  'sampling.grammar': { kind: 'sampler', value: 'root ::= [a-c]+', base: greedy, names: ['grammar'] },
+  'sampling.logit_bias': { kind: 'sampler', value: { '100': 100 }, base: greedy, names: ['logit-bias'] },
+  seed: { kind: 'sampler', value: 2, base: warm },
+  'sampling.ignore_eos': { kind: 'engine', value: true },
+  n_predict: { kind: 'engine', value: 3 },
+  state_chunk_size: { kind: 'engine', value: 65536 },
+
+  n_ctx: { kind: 'context', value: 1024, read: (i) => i.nCtx, want: 1024 },
+  n_batch: { kind: 'context', value: 64, read: (i) => i.nBatch, want: 64 },
+  n_ubatch: { kind: 'context', value: 32, read: (i) => i.nUbatch, want: 32 },
+  n_parallel: { kind: 'context', value: 3, read: (i) => i.nSeqMax, want: 3 },
+  'cpuparams.n_threads': { kind: 'context', value: 2, read: (i) => i.nThreads, want: 2 },
+  'cpuparams_batch.n_threads': { kind: 'context', value: 3, read: (i) => i.nThreadsBatch, want: 3 },
+  kv_unified: {
+    kind: 'context',
+    value: true,
+    base: { n_parallel: 2, n_ctx: 1024 },
+    read: (i) => i.nCtxSeq,
+    want: 1024,
+  },
+  rope_freq_base: { kind: 'context', value: 50 },
+  rope_freq_scale: { kind: 'context', value: 0.25 },
+  rope_scaling_type: { kind: 'context', value: 'yarn', base: { rope_freq_scale: 0.25 } },
+  yarn_ext_factor: { kind: 'context', value: 0.25, base: yarn },
+  // The pinned llama.cpp recomputes the attention factor whenever ext_factor is not 0.
+  yarn_attn_factor: { kind: 'context', value: 3, base: { ...yarn, yarn_ext_factor: 0 } },
+  yarn_beta_fast: { kind: 'context', value: 2, base: yarn },
+  yarn_beta_slow: { kind: 'context', value: 8, base: yarn },
+  yarn_orig_ctx: { kind: 'context', value: 64, base: yarn },
+  flash_attn: { kind: 'context', value: 'on', base: { flash_attn: 'off' } },
+  cache_type_k: { kind: 'context', value: 'q4_0' },
+  cache_type_v: { kind: 'context', value: 'q4_0', base: { flash_attn: 'on' } },
+  swa_full: {
+    kind: 'passed',
+    value: true,
+    field: 'swaFull',
+    want: true,
+    why: 'the tiny model has no sliding-window layers',
+  },
+  no_kv_offload: {
+    kind: 'passed',
+    value: true,
+    field: 'offloadKqv',
+    want: false,
+    why: 'the KV cache is on the host anyway on a CPU-only machine',
+  },
+  no_op_offload: {
+    kind: 'passed',
+    value: true,
+    field: 'opOffload',
+    want: false,
+    why: 'there is no device to offload ops to on a CPU-only machine',
+  },
+
+  model: { kind: 'model', value: 'OTHER_MODEL', read: (m) => m.path, want: 'OTHER_MODEL' },
+  kv_overrides: {
+    kind: 'model',
+    value: ['llama.context_length=int:2048'],
+    read: (m) => m.info.nCtxTrain,
+    want: 2048,
+  },
+  devices: { kind: 'model', value: ['NO_SUCH_DEVICE'], fails: 'HYDRA_ERR_NO_DEVICE' },
+  n_gpu_layers: { kind: 'passed', value: 0, field: 'nGpuLayers', want: 0, why: 'no GPU to hold layers' },
+  main_gpu: { kind: 'passed', value: 0, field: 'mainGpu', want: 0, why: 'no GPU to pick' },
+  tensor_split: { kind: 'passed', value: [1], field: 'tensorSplit', want: [1], why: 'one device' },
+  split_mode: { kind: 'passed', value: 'none', field: 'splitMode', want: 'none', why: 'one device' },
+  use_mmap: { kind: 'passed', value: false, field: 'useMmap', want: false, why: 'no getter; same weights' },
+  use_mlock: { kind: 'passed', value: true, field: 'useMlock', want: true, why: 'no getter; same weights' },
+  check_tensors: {
+    kind: 'passed',
+    value: true,
+    field: 'checkTensors',
+    want: true,
+    why: 'the synthetic tensors are all valid',
+  },
+  override_tensors: {
+    kind: 'passed',
+    value: ['token_embd=CPU'],
+    field: 'overrides',
+    want: ['token_embd=CPU'],
+    why: 'every buffer is a CPU one on a CPU-only machine',
+  },
+  n_cpu_moe: {
+    kind: 'passed',
+    value: 1,
+    field: 'overrides',
+    want: ['blk\\.0\\.ffn_(up|down|gate)_exps=CPU'],
+    why: 'experts stay on the host anyway on a CPU-only machine (and the tiny model is dense)',
+  },
+  // Honoured by the COMBINE path; combine.test.ts and combine-loss.test.ts serve it from real peers.
+  rpc_servers: {
+    kind: 'passed',
+    value: [],
+    field: 'path',
+    want: 'MODEL',
+    why: 'needs a ggml-RPC peer: see combine.test.ts',
+  },
+};
+
+const dir = mkdtempSync(join(tmpdir(), 'hydra-honesty-'));
+let path: string;
+let other: string;
+let model: Model;
+
+beforeAll(async () => {
+  initBackend();
+  path = join(dir, 'tiny.gguf');
+  other = join(dir, 'other.gguf');
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 7, out: path });
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 8, out: other });
+  model = await Model.load({ path, nGpuLayers: 0 });
+}, 60_000);
+afterAll(() => model?.dispose());
+
+const config = (key: string, value: unknown, base: Params = {}): Params => {
+  const delta = value === undefined ? base : { ...base, [key]: value };
+  return plan(defaults(), delta).next;
+};
+
+async function generate(ctx: Ctx, sampler: SamplerParams, n = 16): Promise<number[]> {
+  const s = model.createSampler(sampler);
+  try {
+    const prompt = Array.from(model.tokenize('Once upon a time there was', { addSpecial: true }));
+    ctx.removeSequence(0, 0, -1);
+    let r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler: s }]);
+    const out = [r.tokens[0]!];
+    while (out.length < n) {
+      r = await ctx.decode([
+        { seq: 0, pos: prompt.length + out.length - 1, tokens: [out.at(-1)!], sampler: s },
+      ]);
+      out.push(r.tokens[0]!);
+    }
+    return out;
+  } finally {
+    s.dispose();
+  }
+}
+
+async function promptLogits(ctx: Ctx): Promise<Float32Array> {
+  const prompt = Array.from(
+    model.tokenize('Once upon a time there was a small dragon who', { addSpecial: true }),
+  );
+  const s = model.createSampler({ temp: 0 });
+  try {
+    ctx.removeSequence(0, 0, -1);
+    const r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler: s, logits: true }]);
+    return r.logits[0]!;
+  } finally {
+    s.dispose();
+  }
+}
+
+const maxDiff = (a: Float32Array, b: Float32Array) =>
+  a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
+
+describe('every registry key takes effect or is refused', () => {
+  it('has a row for exactly the keys CONFIGURE accepts', () => {
+    const accepted = FIELDS.filter(isRuntimeField).map((f) => f.key);
+    expect(accepted.filter((k) => !(k in TABLE))).toEqual([]);
+    expect(Object.keys(TABLE).filter((k) => !accepted.includes(k))).toEqual([]);
+  });
+
+  it.each(
+    FIELDS.filter((f) => f.tier !== 'T4' && !isRuntimeField(f)).map((f) => [f.key]),
+  )('%s is refused with HYDRA_ERR_UNSUPPORTED_FIELD', (key) => {
+    expect(() => plan(defaults(), { [key]: FIELDS.find((f) => f.key === key)!.default })).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_UNSUPPORTED_FIELD', keys: [key] }),
+    );
+  });
+
+  const rows = (kind: Check['kind']) =>
+    Object.entries(TABLE)
+      .filter(([, c]) => c.kind === kind)
+      .map(([k, c]) => [k, c] as [string, Check]);
+
+  describe('sampler keys', () => {
+    let ctx: Ctx;
+    beforeAll(async () => {
+      ctx = await model.createContext({ nCtx: 256, nThreads: 1 });
+    });
+    afterAll(() => ctx?.dispose());
+
+    it.each(rows('sampler'))('%s: llama.cpp runs it and the tokens change', async (key, check) => {
+      const c = check as Extract<Check, { kind: 'sampler' }>;
+      const before = samplerParamsFrom(config(key, undefined, c.base));
+      const baseline = await generate(ctx, before);
+      let value = c.value;
+      if (value === 'GENERATED_PIECES')
+        value = [...new Set(baseline)].map((t) => model.detokenize(Int32Array.of(t)));
+      const after = samplerParamsFrom(config(key, value, c.base));
+      if (c.names) {
+        const s = model.createSampler(after);
+        expect(s.names()).toEqual(expect.arrayContaining(c.names));
+        s.dispose();
+      }
+      const tokens = await generate(ctx, after);
+      expect(tokens).not.toEqual(baseline);
+      if (key === 'sampling.logit_bias') expect(new Set(tokens)).toEqual(new Set([100]));
+      if (key === 'sampling.grammar') expect(model.detokenize(Int32Array.from(tokens))).toMatch(/^[a-c]+$/);
+      if (key === 'sampling.samplers') {
+        const s = model.createSampler(after);
+        expect(s.names()).toEqual(['top-k', 'temp', 'dist']);
+        s.dispose();
+      }
+    });
+  });
+
+  describe('context keys', () => {
+    it.each(rows('context'))('%s: llama.cpp builds the context it asks for', async (key, check) => {
+      const c = check as Extract<Check, { kind: 'context' }>;
+      const params = contextParamsFrom(config(key, c.value, { n_ctx: 256, ...c.base }));
+      const ctx = await model.createContext({ ...params });
+      try {
+        if (c.read) {
+          expect(c.read(ctx.info)).toEqual(c.want);
+          return;
+        }
+        const baseCtx = await model.createContext(
+          contextParamsFrom(config(key, undefined, { n_ctx: 256, ...c.base })),
+        );
+        try {
+          expect(maxDiff(await promptLogits(ctx), await promptLogits(baseCtx))).toBeGreaterThan(1e-4);
+        } finally {
+          await baseCtx.dispose();
+        }
+      } finally {
+        await ctx.dispose();
+      }
+    });
+  });
+
+  describe('model keys', () => {
+    it.each(rows('model'))('%s: llama.cpp loads the model it asks for', async (key, check) => {
+      const c = check as Extract<Check, { kind: 'model' }>;
+      const value = c.value === 'OTHER_MODEL' ? other : c.value;
+      const cfg = config(key, value);
+      const params = modelParamsFrom(cfg, key === 'model' ? (cfg.model as string) : path);
+      if (c.fails) {
+        await expect(Model.load({ ...params, nGpuLayers: 0 })).rejects.toMatchObject({ code: c.fails });
+        return;
+      }
+      const m = await Model.load({ ...params, nGpuLayers: 0 });
+      try {
+        expect(c.read!(m)).toEqual(c.want === 'OTHER_MODEL' ? other : c.want);
+      } finally {
+        m.dispose();
+      }
+    });
+  });
+
+  describe('keys with no effect visible on a CPU host', () => {
+    it.each(rows('passed'))('%s reaches llama.cpp and is accepted there', async (key, check) => {
+      const c = check as Extract<Check, { kind: 'passed' }>;
+      const cfg = config(key, c.value);
+      const cp = contextParamsFrom(cfg) as Record<string, unknown>;
+      const mp = modelParamsFrom(cfg, path) as Record<string, unknown>;
+      const want = c.want === 'MODEL' ? path : c.want;
+      if (c.field in cp && FIELDS.find((f) => f.key === key)!.via === 'context') {
+        expect(cp[c.field]).toEqual(want);
+        const ctx = await model.createContext({ ...cp, nCtx: 256 });
+        await ctx.dispose();
+      } else {
+        expect(mp[c.field]).toEqual(want);
+        const m = await Model.load({ ...(mp as unknown as ModelLoadParams), nGpuLayers: 0 });
+        m.dispose();
+      }
+    });
+  });
+});
+
+describe('engine keys, through CONFIGURE and the HTTP API', () => {
+  let eng: Awaited<ReturnType<typeof engineWith>>;
+  let client: HydraClient;
+  beforeAll(async () => {
+    const port = await freePort();
+    eng = await engineWith(['-m', path, '-c', '1024', '--rpc-port', String(port)]);
+    client = await HydraClient.connect({ port, encoding: 'json' });
+  }, 60_000);
+  afterAll(async () => {
+    client?.close();
+    await eng?.close();
+  });
+
+  it('sampling.logit_bias: the issue 20 repro now changes a greedy completion', async () => {
+    const body = { prompt: 'Once upon a time', max_tokens: 6, temperature: 0, return_tokens: true };
+    const before = (await complete(eng.url, body)).json.choices[0].tokens as number[];
+    const r = (await client.configure({ 'sampling.logit_bias': { '100': 100 } })) as Record<string, unknown>;
+    expect(r.params_applied).toEqual({ 'sampling.logit_bias': { '100': 100 } });
+    const after = (await complete(eng.url, body)).json.choices[0].tokens as number[];
+    expect(before).not.toEqual(after);
+    expect(after).toEqual([100, 100, 100, 100, 100, 100]);
+    await client.configure({ 'sampling.logit_bias': {} });
+  });
+
+  it('n_predict caps a completion that names no max_tokens', async () => {
+    await client.configure({ n_predict: TABLE.n_predict!.value as number });
+    const r = await complete(eng.url, { prompt: 'Once upon a time', temperature: 0, ignore_eos: true });
+    expect(r.json.usage.completion_tokens).toBe(3);
+    await client.configure({ n_predict: -1 });
+  });
+
+  it('sampling.ignore_eos keeps generating past an end-of-generation token', async () => {
+    const eos = model.info.eos;
+    await client.configure({ 'sampling.logit_bias': { [String(eos)]: 100 } });
+    const body = { prompt: 'Once upon a time', max_tokens: 4, temperature: 0 };
+    expect((await complete(eng.url, body)).json.usage.completion_tokens).toBeLessThan(2);
+    await client.configure({ 'sampling.ignore_eos': true });
+    expect((await complete(eng.url, body)).json.usage.completion_tokens).toBe(4);
+    await client.configure({ 'sampling.ignore_eos': false, 'sampling.logit_bias': {} });
+  });
+
+  it('state_chunk_size sizes a STATE_GET that names no chunk_size', async () => {
+    await client.configure({ state_chunk_size: TABLE.state_chunk_size!.value as number });
+    const prompt = Array.from(eng.engine.tokenize('Once upon a time there was a dragon. '.repeat(8)));
+    await complete(eng.url, { prompt, max_tokens: 2, temperature: 0, slot_id: 0, cache_prompt: true });
+    const r = await client.stateGet({ slot: 0 });
+    expect(r.total).toBeGreaterThan(65536);
+    expect(r.data.length).toBe(65536);
+  });
+
+  it('refused keys change nothing: speculative.model reloads nothing, the reply names the key', async () => {
+    const loaded = eng.engine.model;
+    const epoch = eng.engine.epoch;
+    await expect(
+      client.configure({ 'speculative.model': other, 'sampling.temp': 0.3 }),
+    ).rejects.toMatchObject({
+      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
+      keys: ['speculative.model'],
+    });
+    expect(eng.engine.layers.get('sampling.temp')).toBe(0.8);
+    expect(eng.engine.model).toBe(loaded);
+    expect(eng.engine.modelPath).toBe(path);
+    expect(eng.engine.epoch).toBe(epoch);
+  });
+});
