@@ -60,11 +60,12 @@ function listed(): Device[] {
   return [...known.values()].filter((d) => !dead.has(d.name));
 }
 
-/** Starts a read of every listed device that has none in flight; never waits for one. */
-function refresh(): Promise<void>[] {
-  lastRefresh = performance.now();
+/** Starts a read of every listed device (local ones only without `rpc`) that has none in flight. */
+function refresh(rpc = true): Promise<void>[] {
+  if (rpc) lastRefresh = performance.now();
   const pending: Promise<void>[] = [];
   for (const { name } of listed()) {
+    if (!rpc && name.startsWith('RPC')) continue;
     let p = asking.get(name);
     if (!p) {
       p = describeDevices([name]).then(
@@ -84,10 +85,12 @@ function refresh(): Promise<void>[] {
 /**
  * Fresh device figures for a caller that can wait (a memory check before a rebuild): starts a read
  * of every device and waits for them up to `timeoutMs`; a device that has not answered by then
- * keeps its last figures.
+ * keeps its last figures. Without `rpc` only local devices are read: a load has just registered
+ * (and so described) its peers, and another read with no model holding the peer's dispatcher
+ * would be one more ggml-RPC connection to it.
  */
-export async function freshDevices(timeoutMs = 2000): Promise<Device[]> {
-  const pending = refresh();
+export async function freshDevices(timeoutMs = 2000, rpc = true): Promise<Device[]> {
+  const pending = refresh(rpc);
   let timer: NodeJS.Timeout | undefined;
   await Promise.race([
     Promise.all(pending),

@@ -68,6 +68,8 @@ export class Runtime {
   #failingOver = false;
   /** The model facts and the configuration the context in force was built with (a failed rebuild restores it). */
   #built: { facts: ModelFacts | undefined; cfg: Params } | undefined;
+  /** The facts of the model in force (read by load's GGUF checks). */
+  #facts: ModelFacts | undefined;
   readonly #peerLostListeners: (() => void)[] = [];
 
   constructor(options: RuntimeOptions) {
@@ -161,12 +163,17 @@ export class Runtime {
       if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!);
       const params = withDevices(configured, peers);
       // After the unload and the peers' registration, so the free memory read is what this load gets.
-      checkContext(facts, params.devices ? { ...cfg, devices: params.devices } : cfg, await freshDevices());
+      checkContext(
+        facts,
+        params.devices ? { ...cfg, devices: params.devices } : cfg,
+        await freshDevices(2000, false),
+      );
       const loadOpts: { onProgress?: (p: number) => void; signal?: AbortSignal } = {};
       if (options.onProgress) loadOpts.onProgress = options.onProgress;
       if (options.signal) loadOpts.signal = options.signal;
       this.#model = await Model.load(params, loadOpts);
       this.#modelPath = path;
+      this.#facts = facts;
       await this.#createContext(cfg, facts);
       this.#mode = undefined;
       if (dual) {
@@ -228,6 +235,7 @@ export class Runtime {
 
   async #freeAll(): Promise<void> {
     this.#built = undefined;
+    this.#facts = undefined;
     await this.#scheduler.detach()?.dispose();
     this.#model?.dispose();
     this.#model = undefined;
@@ -245,26 +253,32 @@ export class Runtime {
     if (rebuild === 'context' && this.#model) {
       const cfg = this.#layers.effective();
       const built = this.#built;
+      const facts = this.#facts;
       // Refused before the context in force is touched (its memory counts as free: it goes first).
-      if (built?.facts) {
-        checkContext(built.facts, cfg, await freshDevices(), { facts: built.facts, cfg: built.cfg });
+      if (facts) {
+        checkContext(facts, cfg, await freshDevices(), built ? { facts, cfg: built.cfg } : undefined);
       }
       // New requests queue (not rejected) while the context is rebuilt.
       this.#scheduler.hold();
       try {
         await this.#scheduler.whenIdle();
         try {
-          await this.#rebuildContexts(cfg, built?.facts);
+          await this.#rebuildContexts(cfg, facts);
         } catch (err) {
           // Atomic: the context the previous configuration built comes back, or the state says error.
           if (!built) throw err;
           try {
-            await this.#rebuildContexts(built.cfg, built.facts);
+            await this.#rebuildContexts(built.cfg, facts);
           } catch (again) {
             this.#state = 'error';
             this.#lastError = `${(err as Error).message}; restoring the previous context failed too: ${(again as Error).message}`;
           }
           throw err;
+        }
+        // A context built again after one that was lost ends the error state.
+        if (this.#state === 'error') {
+          this.#state = 'ready';
+          this.#lastError = undefined;
         }
       } finally {
         this.#scheduler.unhold();
