@@ -1,8 +1,11 @@
 import { HydraClient, HydraError, OPCODES } from '@hydra-engine/hydra-rpc';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
+  completion,
   type EngineProcess,
   health,
+  metrics,
+  rssBytes,
   sleep,
   spawnEngine,
   tinyModel,
@@ -278,6 +281,85 @@ describe('reconfigure under load', () => {
     );
     await main.close();
     await side.close();
+  }, 240_000);
+
+  it('rebuilds that fail under load leave the engine serving the previous configuration, reported', async (ctx) => {
+    if (!hasConfigure) ctx.skip();
+    const c = await HydraClient.connect({ port: eng.rpcPort!, timeoutMs: 60_000 });
+    await c.configure({ n_ctx: 512 });
+    await waitFor(async () => (await c.status()).deferred_keys.length === 0, 30_000, 'settled');
+    const failuresBefore =
+      (await metrics(eng.url)).get('hydra_rebuild_failures_total{rebuild="context"}') ?? 0;
+    const rss0 = rssBytes(eng.pid);
+    const load = streamLoad(2);
+    const outcome: Record<string, number> = {};
+    const count = (k: string) => {
+      outcome[k] = (outcome[k] ?? 0) + 1;
+    };
+    try {
+      for (let i = 0; i < 60; i++) {
+        // Three kinds, interleaved: refused by the memory check at once (never deferred), refused by
+        // llama.cpp when built (a quantized V cache without flash attention: at once or, with busy
+        // slots, deferred and reported later), and a valid change.
+        const kind = i % 3;
+        const delta =
+          kind === 0
+            ? { n_ctx: 2_000_000_000 }
+            : kind === 1
+              ? { cache_type_v: 'q8_0', flash_attn: 'off' }
+              : { n_ctx: i % 2 ? 512 : 768 };
+        const reply = (await c.request(OPCODES.CONFIGURE, delta)) as {
+          success: boolean;
+          error?: { code: string };
+          deferred_keys?: string[];
+        };
+        if (kind === 0) {
+          expect(reply.error?.code).toBe('HYDRA_ERR_INSUFFICIENT_MEMORY');
+          count('memory refused');
+        } else if (!reply.success) {
+          expect(reply.error?.code, JSON.stringify(delta)).toBe('HYDRA_ERR_CONTEXT_FAILED');
+          count(`${kind === 1 ? 'failing' : 'valid (merged with a failing one)'} failed at once`);
+        } else {
+          count(
+            `${kind === 1 ? 'failing' : 'valid'} ${reply.deferred_keys?.length ? 'deferred' : 'applied'}`,
+          );
+        }
+        await sleep(5);
+      }
+    } finally {
+      await load.stop();
+    }
+    await waitSlotsFree(eng.url, 30_000);
+    await waitFor(
+      async () => (await c.status()).deferred_keys.length === 0,
+      30_000,
+      'deferred changes settled',
+    );
+    const st = (await c.status()) as unknown as Record<string, any>;
+    const h = await fetch(`${eng.url}/health`);
+    const failures = (await metrics(eng.url)).get('hydra_rebuild_failures_total{rebuild="context"}') ?? 0;
+    Object.assign(fig, {
+      failingRebuilds: {
+        outcome,
+        failuresCounted: failures - failuresBefore,
+        streams: load.stats,
+        rssGrowthMiB: Math.round((rssBytes(eng.pid) - rss0) / 2 ** 20),
+      },
+    });
+    expect(h.status).toBe(200);
+    expect(st.state).toBe('ready');
+    expect(st.applied.cache_type_v ?? 'f16').not.toBe('q8_0');
+    expect([512, 768]).toContain(st.applied.n_ctx);
+    console.log(`failing rebuilds under load: ${JSON.stringify(fig.failingRebuilds)}`);
+    // Every failing change that reached a rebuild was counted, and the last one is in STATUS.
+    expect(failures - failuresBefore).toBeGreaterThan(0);
+    expect(st.last_rebuild_failure === undefined || st.last_rebuild_failure.restored === true).toBe(true);
+    expect(load.stats.lost).toEqual([]);
+    expect(load.stats.admitted).toBeGreaterThan(0);
+    for (const k of Object.keys(load.stats.refused)) expect(k).toMatch(/^503 HYDRA_ERR_(LOADING|DRAINING)$/);
+    expect((await completion(eng.url)).status).toBe(200);
+    expect(eng.exited()).toBeUndefined();
+    await c.close();
   }, 240_000);
 
   it('a CONFIGURE reply never arrives for a closed connection: the port keeps serving', async (ctx) => {
