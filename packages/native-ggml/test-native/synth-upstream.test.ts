@@ -40,6 +40,12 @@ const VARIANTS = [
   { arch: 'moe', quant: 'f16' },
   { arch: 'moe', quant: 'q8_0' },
   { arch: 'moe', quant: 'q4_0' },
+  { arch: 'qwen35', quant: 'f32' },
+  { arch: 'qwen35', quant: 'q8_0' },
+  { arch: 'qwen35', quant: 'q4_0' },
+  { arch: 'qwen35moe', quant: 'f16' },
+  { arch: 'qwen35moe', quant: 'q8_0' },
+  { arch: 'qwen35moe', quant: 'q4_0' },
 ] as const;
 
 describe.skipIf(simple === undefined || bench === undefined)(

@@ -324,6 +324,206 @@ describe.each(VARIANTS)('tiny $arch $quant', ({ arch, quant }) => {
   });
 });
 
+/**
+ * The tensors llama.cpp's LLM_ARCH_QWEN35 / QWEN35MOE loaders (src/models/qwen35*.cpp) require,
+ * from the metadata: block i is full attention when (i + 1) % full_attention_interval == 0.
+ */
+function expectedHybridTensors(
+  kv: Map<string, Kv>,
+  quant: number,
+): Map<string, { dims: number[]; type: number }> {
+  const a = kv.get('general.architecture') as string;
+  const k = (key: string): number => kv.get(`${a}.${key}`) as number;
+  const embd = k('embedding_length');
+  const head = k('attention.head_count');
+  const headKv = k('attention.head_count_kv');
+  const headDim = k('attention.key_length');
+  const interval = k('full_attention_interval');
+  const dState = k('ssm.state_size');
+  const keyDim = dState * k('ssm.group_count');
+  const vHeads = k('ssm.time_step_rank');
+  const valueDim = dState * vHeads;
+  const vocab = (kv.get('tokenizer.ggml.tokens') as string[]).length;
+  const experts = (kv.get(`${a}.expert_count`) as number | undefined) ?? 0;
+  const m = new Map<string, { dims: number[]; type: number }>();
+  const set = (name: string, dims: number[], type = quant): void => {
+    m.set(name, { dims, type });
+  };
+  set('token_embd.weight', [embd, vocab]);
+  set('output_norm.weight', [embd], 0);
+  set('output.weight', [embd, vocab]);
+  for (let i = 0; i < k('block_count'); i++) {
+    const b = `blk.${i}`;
+    set(`${b}.attn_norm.weight`, [embd], 0);
+    set(`${b}.post_attention_norm.weight`, [embd], 0);
+    if ((i + 1) % interval === 0) {
+      set(`${b}.attn_q.weight`, [embd, headDim * head * 2]);
+      set(`${b}.attn_k.weight`, [embd, headDim * headKv]);
+      set(`${b}.attn_v.weight`, [embd, headDim * headKv]);
+      set(`${b}.attn_output.weight`, [headDim * head, embd]);
+      set(`${b}.attn_q_norm.weight`, [headDim], 0);
+      set(`${b}.attn_k_norm.weight`, [headDim], 0);
+    } else {
+      set(`${b}.attn_qkv.weight`, [embd, keyDim * 2 + valueDim]);
+      set(`${b}.attn_gate.weight`, [embd, valueDim]);
+      set(`${b}.ssm_conv1d.weight`, [k('ssm.conv_kernel'), keyDim * 2 + valueDim], 0);
+      set(`${b}.ssm_dt.bias`, [vHeads], 0);
+      set(`${b}.ssm_a`, [vHeads], 0);
+      set(`${b}.ssm_beta.weight`, [embd, vHeads], 0);
+      set(`${b}.ssm_alpha.weight`, [embd, vHeads], 0);
+      set(`${b}.ssm_norm.weight`, [dState], 0);
+      set(`${b}.ssm_out.weight`, [valueDim, embd]);
+    }
+    if (experts === 0) {
+      const ff = k('feed_forward_length');
+      set(`${b}.ffn_gate.weight`, [embd, ff]);
+      set(`${b}.ffn_up.weight`, [embd, ff]);
+      set(`${b}.ffn_down.weight`, [ff, embd]);
+    } else {
+      const ff = k('expert_feed_forward_length');
+      const sh = k('expert_shared_feed_forward_length');
+      set(`${b}.ffn_gate_inp.weight`, [embd, experts], 0);
+      set(`${b}.ffn_gate_exps.weight`, [embd, ff, experts]);
+      set(`${b}.ffn_up_exps.weight`, [embd, ff, experts]);
+      set(`${b}.ffn_down_exps.weight`, [ff, embd, experts]);
+      set(`${b}.ffn_gate_inp_shexp.weight`, [embd], 0);
+      set(`${b}.ffn_gate_shexp.weight`, [embd, sh]);
+      set(`${b}.ffn_up_shexp.weight`, [embd, sh]);
+      set(`${b}.ffn_down_shexp.weight`, [sh, embd]);
+    }
+  }
+  return m;
+}
+
+const HYBRID_VARIANTS = [
+  { arch: 'qwen35', quant: 'f32' },
+  { arch: 'qwen35', quant: 'q4_0' },
+  { arch: 'qwen35moe', quant: 'f16' },
+  { arch: 'qwen35moe', quant: 'q8_0' },
+] as const;
+
+describe.each(HYBRID_VARIANTS)('tiny $arch $quant', ({ arch, quant }) => {
+  let g: Gguf;
+  let path: string;
+  let result: Awaited<ReturnType<typeof writeSyntheticModel>>;
+
+  beforeAll(async () => {
+    path = join(dir, `tiny-${arch}-${quant}.gguf`);
+    result = await writeSyntheticModel({ arch, shape: 'tiny', quant, seed: 99, out: path });
+    g = readGguf(path);
+  });
+
+  it('has the hybrid hyperparameters the qwen35 loaders read, with their strict types', () => {
+    expect(g.kv.get('general.architecture')).toBe(arch);
+    const u32Keys = [
+      'context_length',
+      'embedding_length',
+      'block_count',
+      'feed_forward_length',
+      'attention.head_count',
+      'attention.head_count_kv',
+      'attention.key_length',
+      'attention.value_length',
+      'rope.dimension_count',
+      'full_attention_interval',
+      'ssm.conv_kernel',
+      'ssm.inner_size',
+      'ssm.state_size',
+      'ssm.time_step_rank',
+      'ssm.group_count',
+    ];
+    if (arch === 'qwen35moe') {
+      u32Keys.push(
+        'expert_count',
+        'expert_used_count',
+        'expert_feed_forward_length',
+        'expert_shared_feed_forward_length',
+      );
+    } else {
+      expect(g.kv.has(`${arch}.expert_count`)).toBe(false);
+    }
+    for (const key of u32Keys) expect(g.kvTypes.get(`${arch}.${key}`), key).toBe(4);
+    expect(g.kvTypes.get(`${arch}.attention.layer_norm_rms_epsilon`)).toBe(6);
+    const k = (key: string): number => g.kv.get(`${arch}.${key}`) as number;
+    // Two full-attention blocks (3, 7) and six recurrent ones.
+    expect(k('block_count')).toBe(8);
+    expect(k('full_attention_interval')).toBe(4);
+    expect(k('attention.key_length')).toBe(64);
+    // MRoPE sections count rotated pairs: they sum to n_rot / 2.
+    const sections = g.kv.get(`${arch}.rope.dimension_sections`) as number[];
+    expect(sections.length).toBe(4);
+    expect(sections.reduce((x, y) => x + y, 0) * 2).toBe(k('rope.dimension_count'));
+    expect(k('ssm.inner_size')).toBe(k('ssm.state_size') * k('ssm.time_step_rank'));
+    expect(k('ssm.time_step_rank') % k('ssm.group_count')).toBe(0);
+    expect(g.kv.has(`${arch}.nextn_predict_layers`)).toBe(false);
+  });
+
+  it('has exactly the qwen35 tensor layout, consecutive aligned offsets and ggml sizes', () => {
+    const expected = expectedHybridTensors(g.kv, TYPE_OF_QUANT[quant]!);
+    expect(g.tensors.map((t) => t.name).sort()).toEqual([...expected.keys()].sort());
+    let offset = 0;
+    for (const t of g.tensors) {
+      expect({ name: t.name, dims: t.dims, type: t.type }).toEqual({
+        name: t.name,
+        ...expected.get(t.name)!,
+      });
+      expect(t.offset).toBe(offset);
+      offset += Math.ceil(nbytes(t) / 32) * 32;
+    }
+    expect(statSync(path).size).toBe(g.dataStart + offset);
+    expect(planSyntheticModel({ arch, shape: 'tiny', quant }).bytes).toBe(result.bytes);
+  });
+
+  it('keeps every delta-net decay negative and the other weights at their spread', () => {
+    for (const t of g.tensors.filter((x) => x.name.endsWith('.ssm_a'))) {
+      const s = stats(g, t);
+      expect(s.mean, t.name).toBeLessThan(-0.95);
+      expect(s.std, t.name).toBeLessThan(0.05);
+    }
+    const conv = stats(g, g.tensors.find((x) => x.name === 'blk.0.ssm_conv1d.weight')!);
+    expect(conv.std).toBeGreaterThan(0.45);
+    expect(conv.std).toBeLessThan(0.55);
+    const std = result.hparams.weightStd;
+    for (const name of ['blk.0.attn_qkv.weight', 'blk.3.attn_q.weight', 'blk.1.ssm_out.weight']) {
+      const s = stats(g, g.tensors.find((x) => x.name === name)!);
+      expect(s.finite).toBe(true);
+      expect(s.std, name).toBeGreaterThan(0.9 * std);
+      expect(s.std, name).toBeLessThan(1.1 * std);
+    }
+  });
+});
+
+describe('hybrid shapes', () => {
+  it('plans the GPU shapes with the seed geometry without writing them', () => {
+    const dense = planSyntheticModel({ arch: 'qwen35', shape: '27b', quant: 'q4_0' });
+    expect(dense.hparams).toMatchObject({ nEmbd: 5120, nLayer: 64, nHead: 24, nHeadKv: 4 });
+    expect(dense.hparams.hybrid).toMatchObject({ headDim: 256, fullAttentionInterval: 4 });
+    expect(dense.nParams / 1e9).toBeGreaterThan(26);
+    expect(dense.nParams / 1e9).toBeLessThan(28);
+    const moe = planSyntheticModel({ arch: 'qwen35moe', shape: '35b-a3b', quant: 'q4_0' });
+    expect(moe.hparams).toMatchObject({ nEmbd: 2048, nLayer: 40, nExpert: 256, nExpertUsed: 8 });
+    expect(moe.nParams / 1e9).toBeGreaterThan(33);
+    expect(moe.nParams / 1e9).toBeLessThan(37);
+  });
+
+  it.each([
+    ['qwen35', '8b'],
+    ['qwen35moe', '27b'],
+    ['llama', '35b-a3b'],
+    ['moe', '35b-a3b'],
+  ] as const)('refuses %s with shape %s (HYDRA_ERR_BAD_ARGUMENT, key shape)', async (arch, shape) => {
+    expect(() => planSyntheticModel({ arch, shape, quant: 'q4_0' })).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT', keys: ['shape'] }),
+    );
+    expect(() => parseSynthArgs(['--arch', arch, '--shape', shape, '--out', 'm'])).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT', keys: ['shape'] }),
+    );
+    await expect(
+      writeSyntheticModel({ arch, shape, quant: 'q4_0', seed: 0, out: join(dir, 'never-hybrid.gguf') }),
+    ).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_ARGUMENT', keys: ['shape'] });
+  });
+});
+
 describe('vocabulary', () => {
   let g: Gguf;
   beforeAll(async () => {

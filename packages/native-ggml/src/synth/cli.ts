@@ -1,6 +1,7 @@
 import { HydraError } from '../errors.js';
 import { type SynthModelResult, type SynthProgress, writeSyntheticModel } from './generate.js';
 import {
+  SYNTH_ARCH_SHAPES,
   SYNTH_ARCHS,
   SYNTH_QUANTS,
   SYNTH_SHAPES,
@@ -18,8 +19,10 @@ export interface SynthArgs {
   out: string;
 }
 
-export const SYNTH_USAGE = `usage: hydra-engine synth-model --out FILE [--arch llama|moe] [--shape tiny|1b|8b|27b]
+export const SYNTH_USAGE = `usage: hydra-engine synth-model --out FILE [--arch llama|moe|qwen35|qwen35moe]
+                               [--shape tiny|1b|8b|27b|small-wide|35b-a3b]
                                [--quant f32|f16|q8_0|q4_0] [--seed N]
+shapes: llama, moe: tiny 1b 8b 27b small-wide; qwen35: tiny 27b; qwen35moe: tiny 35b-a3b
 defaults: --arch llama --shape tiny --quant q8_0 --seed 0`;
 
 const FLAGS = ['arch', 'shape', 'quant', 'seed', 'out'] as const;
@@ -68,13 +71,15 @@ export function parseSynthArgs(argv: readonly string[]): SynthArgs {
   const seed = /^[0-9]{1,10}$/.test(seedText) ? Number(seedText) : Number.NaN;
   if (!(seed <= 0xffffffff))
     throw bad('seed', `--seed must be an integer in [0, 4294967295], got ${seedText}`);
-  return {
-    arch: oneOf('arch', seen.get('arch') ?? 'llama', SYNTH_ARCHS),
-    shape: oneOf('shape', seen.get('shape') ?? 'tiny', SYNTH_SHAPES),
-    quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS),
-    seed,
-    out,
-  };
+  const arch = oneOf('arch', seen.get('arch') ?? 'llama', SYNTH_ARCHS);
+  const shape = oneOf('shape', seen.get('shape') ?? 'tiny', SYNTH_SHAPES);
+  if (!SYNTH_ARCH_SHAPES[arch].includes(shape)) {
+    throw bad(
+      'shape',
+      `--shape ${shape} does not exist for --arch ${arch} (${SYNTH_ARCH_SHAPES[arch].join(', ')})`,
+    );
+  }
+  return { arch, shape, quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS), seed, out };
 }
 
 /** Where {@link runSynthCli} prints. */

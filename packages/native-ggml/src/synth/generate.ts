@@ -10,9 +10,10 @@ import {
   padTo,
   tensorElements,
 } from './gguf.js';
-import { NORM_GAIN_F32, type WeightTables, weightTables, Xorshift128 } from './random.js';
+import { DECAY_F32, NORM_GAIN_F32, type WeightTables, weightTables, Xorshift128 } from './random.js';
 import {
   FILE_TYPE,
+  ggufArchName,
   SYNTH_ARCHS,
   SYNTH_QUANTS,
   SYNTH_SHAPES,
@@ -36,7 +37,10 @@ export interface SynthProgress {
 
 /** Options of {@link writeSyntheticModel}. */
 export interface SynthModelOptions {
-  /** `llama` (dense) or `moe` (llama arch with 8 experts, 2 used). */
+  /**
+   * `llama` (dense), `moe` (llama arch with 8 experts, 2 used), `qwen35` (hybrid gated delta-net +
+   * full attention every 4th block) or `qwen35moe` (the same with routed and shared experts).
+   */
   arch: SynthArch;
   shape: SynthShape;
   /** Type of the 2-D weight tensors; norms and the MoE router are always f32. */
@@ -89,6 +93,7 @@ function validateModel(options: Pick<SynthModelOptions, 'arch' | 'shape' | 'quan
   if (!(SYNTH_QUANTS as readonly string[]).includes(options.quant)) {
     throw badArgument('quant', `options.quant must be one of ${SYNTH_QUANTS.join(', ')}`);
   }
+  synthHparams(options.arch, options.shape);
 }
 
 function validate(options: SynthModelOptions): void {
@@ -112,8 +117,10 @@ function metadata(
   h: SynthHparams,
 ): Array<[string, GgufValue]> {
   const vocab = buildVocabulary(h.nVocab);
+  const a = ggufArchName(arch);
+  const y = h.hybrid;
   const kv: Array<[string, GgufValue]> = [
-    ['general.architecture', { type: 'str', value: 'llama' }],
+    ['general.architecture', { type: 'str', value: a }],
     ['general.type', { type: 'str', value: 'model' }],
     ['general.name', { type: 'str', value: `hydra-synth-${arch}-${shape}-${quant}` }],
     ['general.description', { type: 'str', value: 'synthetic random weights (hydra-engine synth-model)' }],
@@ -122,20 +129,39 @@ function metadata(
     ['general.file_type', { type: 'u32', value: FILE_TYPE[quant] }],
     ['general.quantization_version', { type: 'u32', value: 2 }],
     ['general.alignment', { type: 'u32', value: GGUF_ALIGNMENT }],
-    ['llama.vocab_size', { type: 'u32', value: h.nVocab }],
-    ['llama.context_length', { type: 'u32', value: h.nCtxTrain }],
-    ['llama.embedding_length', { type: 'u32', value: h.nEmbd }],
-    ['llama.block_count', { type: 'u32', value: h.nLayer }],
-    ['llama.feed_forward_length', { type: 'u32', value: h.nFf }],
-    ['llama.rope.dimension_count', { type: 'u32', value: h.nEmbd / h.nHead }],
-    ['llama.attention.head_count', { type: 'u32', value: h.nHead }],
-    ['llama.attention.head_count_kv', { type: 'u32', value: h.nHeadKv }],
-    ['llama.attention.layer_norm_rms_epsilon', { type: 'f32', value: h.rmsEps }],
-    ['llama.rope.freq_base', { type: 'f32', value: h.ropeFreqBase }],
+    [`${a}.vocab_size`, { type: 'u32', value: h.nVocab }],
+    [`${a}.context_length`, { type: 'u32', value: h.nCtxTrain }],
+    [`${a}.embedding_length`, { type: 'u32', value: h.nEmbd }],
+    [`${a}.block_count`, { type: 'u32', value: h.nLayer }],
+    [`${a}.feed_forward_length`, { type: 'u32', value: h.nFf }],
+    [`${a}.rope.dimension_count`, { type: 'u32', value: y ? y.nRot : h.nEmbd / h.nHead }],
+    [`${a}.attention.head_count`, { type: 'u32', value: h.nHead }],
+    [`${a}.attention.head_count_kv`, { type: 'u32', value: h.nHeadKv }],
+    [`${a}.attention.layer_norm_rms_epsilon`, { type: 'f32', value: h.rmsEps }],
+    [`${a}.rope.freq_base`, { type: 'f32', value: h.ropeFreqBase }],
   ];
   if (h.nExpert > 0) {
-    kv.push(['llama.expert_count', { type: 'u32', value: h.nExpert }]);
-    kv.push(['llama.expert_used_count', { type: 'u32', value: h.nExpertUsed }]);
+    kv.push([`${a}.expert_count`, { type: 'u32', value: h.nExpert }]);
+    kv.push([`${a}.expert_used_count`, { type: 'u32', value: h.nExpertUsed }]);
+  }
+  if (y !== undefined) {
+    kv.push(
+      [`${a}.attention.key_length`, { type: 'u32', value: y.headDim }],
+      [`${a}.attention.value_length`, { type: 'u32', value: y.headDim }],
+      [`${a}.rope.dimension_sections`, { type: 'arr_i32', value: Int32Array.from(y.ropeSections) }],
+      [`${a}.full_attention_interval`, { type: 'u32', value: y.fullAttentionInterval }],
+      [`${a}.ssm.conv_kernel`, { type: 'u32', value: y.ssmDConv }],
+      [`${a}.ssm.state_size`, { type: 'u32', value: y.ssmDState }],
+      [`${a}.ssm.group_count`, { type: 'u32', value: y.ssmNGroup }],
+      [`${a}.ssm.time_step_rank`, { type: 'u32', value: y.ssmDtRank }],
+      [`${a}.ssm.inner_size`, { type: 'u32', value: y.ssmDInner }],
+    );
+    if (h.nExpert > 0) {
+      kv.push(
+        [`${a}.expert_feed_forward_length`, { type: 'u32', value: h.nFf }],
+        [`${a}.expert_shared_feed_forward_length`, { type: 'u32', value: y.nFfShexp }],
+      );
+    }
   }
   kv.push(
     ['tokenizer.ggml.model', { type: 'str', value: 'llama' }],
@@ -169,7 +195,8 @@ function fillPiece(
 ): number {
   switch (tensor.type) {
     case GgmlType.F32: {
-      const table = tensor.fill === 'norm' ? NORM_GAIN_F32 : weights.f32;
+      const table =
+        tensor.fill === 'norm' ? NORM_GAIN_F32 : tensor.fill === 'decay' ? DECAY_F32 : weights.f32;
       const dst = new Float32Array(out, offset, elems);
       const n = elems >>> 1;
       rng.fill(rand, n);
@@ -310,7 +337,7 @@ export function planSyntheticModel(
 }
 
 /**
- * Writes a random-weight GGUF v3 model with the upstream llama tensor layout, a SentencePiece
+ * Writes a random-weight GGUF v3 model with the upstream llama (or qwen35 / qwen35moe) tensor layout, a SentencePiece
  * vocabulary with byte fallback, and a chatml template. Streams in 16 MiB chunks, so even the
  * 27B shape needs only a few tens of MB of memory.
  */
@@ -348,9 +375,9 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
       onProgress?.({ bytesWritten, totalBytes, tensorsDone, tensorCount: tensors.length }),
     );
     const rand = new Uint32Array(PIECE_ELEMS / 2);
-    const weights = weightTables(hparams.weightStd);
     for (let t = 0; t < tensors.length; t++) {
       const tensor = tensors[t]!;
+      const weights = weightTables(tensor.std ?? hparams.weightStd);
       const rng = new Xorshift128(seed, t);
       const total = tensorElements(tensor.dims);
       const bytesPerPiece =

@@ -1,6 +1,6 @@
 /**
- * Synthetic GGUF models: random weights with the upstream llama (and Mixtral-style MoE) tensor
- * layout, a real SentencePiece vocabulary and a chatml template. See SYNTH.md.
+ * Synthetic GGUF models: random weights with the upstream llama (and Mixtral-style MoE), qwen35 and
+ * qwen35moe tensor layouts, a real SentencePiece vocabulary and a chatml template. See SYNTH.md.
  */
 export { parseSynthArgs, runSynthCli, SYNTH_USAGE, type SynthArgs, type SynthCliIo } from './cli.js';
 export {
@@ -12,11 +12,13 @@ export {
   writeSyntheticModel,
 } from './generate.js';
 export {
+  SYNTH_ARCH_SHAPES,
   SYNTH_ARCHS,
   SYNTH_QUANTS,
   SYNTH_SHAPES,
   type SynthArch,
   type SynthHparams,
+  type SynthHybridHparams,
   type SynthQuant,
   type SynthShape,
   synthHparams,

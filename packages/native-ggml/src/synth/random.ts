@@ -77,6 +77,9 @@ export const NORM_GAIN_STD = 0.02;
 export const NORM_GAIN_F32 = new Float32Array(65536);
 for (let i = 0; i < 65536; i++) NORM_GAIN_F32[i] = 1 + normalQuantile((i + 0.5) / 65536) * NORM_GAIN_STD;
 
+/** 65536 values of −(1 + N(0, NORM_GAIN_STD)): the delta-net decay rates `ssm_a`. */
+export const DECAY_F32 = NORM_GAIN_F32.map((v) => -v);
+
 /** Lookup tables and block scales that give weights of one standard deviation. */
 export interface WeightTables {
   /** 65536 N(0, std) quantiles. */
