@@ -101,6 +101,29 @@ describe('pipelined decode loop', () => {
     }
   });
 
+  it('keeps the pipeline going when one of the running requests reaches its token limit', async () => {
+    const greedy = (maxTokens: number) => ({ maxTokens, stop: [], sampler: { temp: 0 }, ignoreEos: true });
+    const run = (eng: Eng) => {
+      const prompts = ['the long day', 'people who could write'].map((p) => eng.engine.tokenize(p));
+      // Admitted together (held while both are queued): both prompts go into the same first step.
+      eng.engine.hold();
+      const both = Promise.all([
+        eng.engine.submit(prompts[0]!, greedy(4)),
+        eng.engine.submit(prompts[1]!, greedy(12)),
+      ]);
+      eng.engine.resume();
+      return both;
+    };
+    const before = piped.engine.counters.decodeStepsAhead;
+    const a = await run(piped);
+    // 12 steps (the prompts, then 11 follow steps); only the last has no successor queued: the
+    // 4-token request ends inside the pipeline instead of stopping it for a step.
+    expect(piped.engine.counters.decodeStepsAhead - before).toBe(11);
+    const b = await run(plain);
+    expect(a.map((r) => r.tokens)).toEqual(b.map((r) => r.tokens));
+    expect(a.map((r) => r.finishReason)).toEqual(['length', 'length']);
+  });
+
   it('serves more concurrent streams than slots with the same text per request', async () => {
     const bodies = [5, 9, 2, 14, 7, 11].map((max, i) => ({
       prompt: `number ${i} of the long way`,

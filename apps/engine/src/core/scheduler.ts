@@ -70,6 +70,12 @@ export class Scheduler {
   readonly #pipeline: boolean;
   #model: Model | undefined;
   #ctx: Context | undefined;
+  /**
+   * Per token id of the attached model: its bytes, and 1/2 for not/an end of generation (0:
+   * not asked yet). Each generated token would otherwise cost two native calls and a Buffer.
+   */
+  #pieces: (Uint8Array | undefined)[] = [];
+  #eog = new Uint8Array(0);
   #nCtxSeq = 0;
   /** Tokens one step may carry (the context's n_batch): decode tokens first, then prompt chunks. */
   #budget = 1;
@@ -125,6 +131,7 @@ export class Scheduler {
   attach(model: Model, ctx: Context): void {
     this.#model = model;
     this.#ctx = ctx;
+    this.#forgetTokens();
     const info = ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
     this.#budget = Math.max(1, info.nBatch);
@@ -136,6 +143,31 @@ export class Scheduler {
   swap(model: Model, ctx: Context): void {
     this.#model = model;
     this.#ctx = ctx;
+    this.#forgetTokens();
+  }
+
+  #forgetTokens(): void {
+    this.#pieces = [];
+    this.#eog = new Uint8Array(this.#model?.info.nVocab ?? 0);
+  }
+
+  #isEog(token: number): boolean {
+    let v = this.#eog[token];
+    if (v === undefined) return this.#model!.isEndOfGeneration(token);
+    if (v === 0) {
+      v = this.#model!.isEndOfGeneration(token) ? 2 : 1;
+      this.#eog[token] = v;
+    }
+    return v === 2;
+  }
+
+  #piece(token: number): Uint8Array {
+    let bytes = this.#pieces[token];
+    if (bytes === undefined) {
+      bytes = this.#model!.tokenBytes(token);
+      this.#pieces[token] = bytes;
+    }
+    return bytes;
   }
 
   /** Stops serving the attached context (call once idle); returns it for the caller to free. */
@@ -539,6 +571,7 @@ export class Scheduler {
    * its sequence samples in `step` (`follow`), so the device starts the next step the moment the
    * current one ends instead of waiting for the JS thread to see the result and answer. A job that
    * stops early (EOS, a stop string, a cancel) wastes that one entry; its KV position is dropped.
+   * A job that reaches its token limit in `step` is left out of the next one.
    * Not while a prompt is still being fed: its next chunk must go in the next step.
    */
   #chain(step: Step): Step | undefined {
@@ -547,6 +580,7 @@ export class Scheduler {
     let active = 0;
     for (const s of this.#slots) if (s) active += 1;
     if (active !== step.jobs.length) return undefined;
+    const jobs: Job[] = [];
     const entries: DecodeEntry[] = [];
     const chunks = step.chunks;
     for (let i = 0; i < step.jobs.length; i++) {
@@ -554,14 +588,17 @@ export class Scheduler {
       if (this.#slots[job.slot] !== job || job.failure || job.signal?.aborted || !job.sampler)
         return undefined;
       if (chunks !== undefined && job.fed + chunks[i]! < job.prompt.length) return undefined;
-      // Tokens generated once `step` ends: one more than now.
-      if (job.generated.length + 1 >= job.maxTokens) return undefined;
+      // At its token limit once `step` ends (the limit is clipped to the slot's context): it
+      // finishes there, and the others go on without a round trip through the JS thread.
+      if (job.generated.length + 1 >= job.maxTokens) continue;
       const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
-      if (pos >= this.#nCtxSeq) return undefined;
+      if (pos >= this.#nCtxSeq) continue;
+      jobs.push(job);
       entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler });
     }
+    if (entries.length === 0) return undefined;
     this.#counters.decodeStepsAhead += 1;
-    return this.#decode(this.#ctx, step.jobs, entries, undefined);
+    return this.#decode(this.#ctx, jobs, entries, undefined);
   }
 
   #advance(job: Job, token: number): void {
@@ -575,8 +612,7 @@ export class Scheduler {
       this.#release(job, 'cancelled');
       return;
     }
-    const model = this.#model!;
-    if (!job.params.ignoreEos && model.isEndOfGeneration(token)) {
+    if (!job.params.ignoreEos && this.#isEog(token)) {
       this.#send(job, job.output.end());
       this.#release(job, 'stop');
       return;
@@ -585,7 +621,7 @@ export class Scheduler {
     job.last = token;
     job.onToken?.(token);
     this.#counters.generatedTokens += 1;
-    this.#send(job, job.output.push(model.tokenBytes(token)));
+    this.#send(job, job.output.push(this.#piece(token)));
     if (job.output.stopped) {
       this.#release(job, 'stop');
       return;
