@@ -2,7 +2,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ggmlTypeByName, ggmlTypes, rowBytes } from '../src/gguf/ggml-types.js';
 import { type GgufScalar, GgufType, type GgufTypeId, readGguf } from '../src/gguf/reader.js';
-import { type KvSpec, kvStr, kvU32, type TensorSpec, writeGguf } from './helpers/gguf-writer.js';
+import { type KvSpec, kvArr, kvStr, kvU32, type TensorSpec, writeGguf } from './helpers/gguf-writer.js';
 
 const f32 = (x: number) => Math.fround(x);
 
@@ -191,6 +191,24 @@ describe('readGguf', () => {
     ).rejects.toMatchObject({
       code: 'HYDRA_ERR_GGUF_INVALID',
     });
+  });
+});
+
+describe('readGguf bounds what a header may declare', () => {
+  it('refuses arrays and strings over the caps before building them, and validates the caps', async () => {
+    const arr = writeGguf([kvArr('big.array', GgufType.UINT8, new Array(1000).fill(1))], []);
+    await expect(readGguf(arr.source, { maxArrayLength: 999 })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_GGUF_INVALID',
+    });
+    expect((await readGguf(arr.source, { maxArrayLength: 1000 })).get('big.array')).toHaveLength(1000);
+    const str = writeGguf([kvStr('long.string', 'x'.repeat(5000))], []);
+    await expect(readGguf(str.source, { maxStringBytes: 4999 })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_GGUF_INVALID',
+    });
+    expect((await readGguf(str.source)).get('long.string')).toHaveLength(5000);
+    for (const o of [{ maxArrayLength: 0 }, { maxStringBytes: 1.5 }]) {
+      await expect(readGguf(str.source, o)).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
+    }
   });
 });
 

@@ -67,6 +67,13 @@ export interface ReadGgufOptions {
   chunkSize?: number;
   /** Reject a file whose tensor data would extend past `size` (default true). */
   checkDataBounds?: boolean;
+  /**
+   * Longest metadata array (elements) and string (bytes) accepted (default 2^24 and 2^26): a
+   * header may declare any length the file's size allows, and each element becomes a JS value.
+   * Real vocabularies and merge lists stay well below 2^24 entries.
+   */
+  maxArrayLength?: number;
+  maxStringBytes?: number;
 }
 
 const MAGIC = 0x46554747; // "GGUF" read as little-endian u32
@@ -100,7 +107,14 @@ export async function readGguf(source: GgufSource, options: ReadGgufOptions = {}
   if (!Number.isSafeInteger(chunkSize) || chunkSize <= 0) {
     fail('HYDRA_ERR_BAD_VALUE', 'options.chunkSize must be a positive integer');
   }
-  const c = new Cursor(source, chunkSize);
+  const limit = (key: 'maxArrayLength' | 'maxStringBytes', dflt: number): number => {
+    const v = options[key] ?? dflt;
+    if (!Number.isSafeInteger(v) || v <= 0)
+      fail('HYDRA_ERR_BAD_VALUE', `options.${key} must be a positive integer`);
+    return v;
+  };
+  const maxArray = limit('maxArrayLength', 1 << 24);
+  const c = new Cursor(source, chunkSize, limit('maxStringBytes', 1 << 26));
 
   const magic = await c.u32();
   if (magic !== MAGIC) {
@@ -128,6 +142,12 @@ export async function readGguf(source: GgufSource, options: ReadGgufOptions = {}
         fail('HYDRA_ERR_GGUF_INVALID', `metadata ${key}: bad array element type ${arrayType}`);
       }
       const n = await c.count(`metadata ${key} array length`, SCALAR_SIZES[arrayType] ?? 8);
+      if (n > maxArray) {
+        fail(
+          'HYDRA_ERR_GGUF_INVALID',
+          `metadata ${key}: array of ${n} elements is over the ${maxArray} accepted`,
+        );
+      }
       const values: GgufScalar[] = new Array(n);
       for (let j = 0; j < n; j++) values[j] = await c.scalar(arrayType as GgufTypeId, key);
       kv.push({ key, type, arrayType: arrayType as GgufTypeId, value: values });
@@ -218,9 +238,12 @@ class Cursor {
   #pos = 0;
   readonly #decoder = new TextDecoder('utf-8', { fatal: true });
 
-  constructor(source: GgufSource, chunkSize: number) {
+  readonly #maxString: number;
+
+  constructor(source: GgufSource, chunkSize: number, maxString: number) {
     this.#source = source;
     this.#chunkSize = chunkSize;
+    this.#maxString = maxString;
   }
 
   get position(): number {
@@ -273,6 +296,8 @@ class Cursor {
 
   async string(): Promise<string> {
     const len = await this.count('string length', 1);
+    if (len > this.#maxString)
+      fail('HYDRA_ERR_GGUF_INVALID', `string of ${len} bytes is over the ${this.#maxString} accepted`);
     const i = await this.#need(len);
     this.#pos += len;
     try {
