@@ -2,10 +2,11 @@ import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { Allowlist } from '@hydra-engine/hydra-rpc';
-import { normalize } from '@hydra-engine/tiering';
 import { BodyParser, type PreparedBody } from './body.js';
-import { type Engine, type GenerationParams, type GenerationResult, samplerParamsFrom } from './engine.js';
+import type { Engine, GenerationParams, GenerationResult } from './engine.js';
 import { HydraError } from './errors.js';
+import type { RequestRecord } from './metrics.js';
+import { checkSampler, requestSettings } from './request-params.js';
 
 export interface HttpOptions {
   engine: Engine;
@@ -32,7 +33,9 @@ export interface HttpOptions {
   /** Most chat messages in one request; 0: max(256, n_ctx of a slot / 2). */
   maxMessages?: number;
   /** Prometheus text for `/metrics`. */
-  metrics: () => string;
+  metrics: () => string | Promise<string>;
+  /** Called once per answered request (the request log line and latency histograms). */
+  onRequest?: (record: RequestRecord) => void;
   modelId?: () => string;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
@@ -65,6 +68,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_BAD_REQUEST: 400,
   HYDRA_ERR_BAD_VALUE: 400,
   HYDRA_ERR_UNKNOWN_KEY: 400,
+  HYDRA_ERR_UNSUPPORTED_FIELD: 400,
   HYDRA_ERR_PROMPT_TOO_LONG: 400,
   HYDRA_ERR_TOO_MANY_MESSAGES: 400,
   HYDRA_ERR_BODY_TOO_LARGE: 413,
@@ -167,46 +171,10 @@ function badRequest(message: string, key?: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_REQUEST', message, key ? { keys: [key] } : {});
 }
 
-/** Request fields mapped to registry keys, validated by tiering like any T1 delta. */
-const T1_FIELDS: Record<string, string> = {
-  temperature: 'sampling.temp',
-  top_p: 'sampling.top_p',
-  top_k: 'sampling.top_k',
-  min_p: 'sampling.min_p',
-  typical_p: 'sampling.typ_p',
-  repeat_penalty: 'sampling.penalty_repeat',
-  repeat_last_n: 'sampling.penalty_last_n',
-  frequency_penalty: 'sampling.penalty_freq',
-  presence_penalty: 'sampling.penalty_present',
-  seed: 'seed',
-  max_tokens: 'n_predict',
-  max_completion_tokens: 'n_predict',
-  n_predict: 'n_predict',
-  ignore_eos: 'sampling.ignore_eos',
-};
-
-/** Validates a request's T1 settings and merges them over the configuration in force. */
+/** Validates a request's T1 settings (see request-params.ts) and merges them over the configuration in force. */
 export function generationParams(engine: Engine, body: Record<string, unknown>): GenerationParams {
-  const delta: Record<string, unknown> = {};
-  for (const [field, key] of Object.entries(T1_FIELDS)) {
-    const v = body[field];
-    if (v === undefined || v === null) continue;
-    if (key === 'seed' && v === -1) {
-      delta[key] = -1;
-      continue;
-    }
-    delta[key] = v;
-  }
-  let t1: Record<string, unknown>;
-  try {
-    t1 = normalize(delta);
-  } catch (err) {
-    const e = err as HydraError;
-    const back = (k: string) =>
-      Object.entries(T1_FIELDS).find(([f, key]) => key === k && body[f] !== undefined)?.[0] ?? k;
-    throw new HydraError('HYDRA_ERR_BAD_VALUE', e.message, { keys: (e.keys ?? []).map(back), cause: err });
-  }
-  const cfg = { ...engine.layers.effective(), ...t1 };
+  const settings = requestSettings(body, engine.layers.effective());
+  if (engine.model) checkSampler(engine.model, settings.sampler);
   let stop: string[] = [];
   if (typeof body.stop === 'string') stop = [body.stop];
   else if (Array.isArray(body.stop)) {
@@ -217,14 +185,11 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
   } else if (body.stop !== undefined && body.stop !== null)
     throw badRequest('stop must be a string or an array of strings', 'stop');
   stop = stop.filter((s) => s.length > 0);
-  const n = body.n;
-  if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n');
-  const nPredict = cfg.n_predict as number;
   return {
-    maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : nPredict,
+    maxTokens: settings.nPredict < 0 ? Number.MAX_SAFE_INTEGER : settings.nPredict,
     stop,
-    sampler: samplerParamsFrom(cfg),
-    ignoreEos: cfg['sampling.ignore_eos'] as boolean,
+    sampler: settings.sampler,
+    ignoreEos: settings.ignoreEos,
   };
 }
 
@@ -266,6 +231,7 @@ export class HttpApi {
   readonly #perSource = new Map<string, number>();
   readonly #refusedSockets = new WeakSet<Socket>();
   readonly #bodies = new BodyParser();
+  readonly #records = new WeakMap<ServerResponse, RequestRecord>();
   #open = 0;
   #refused = 0;
   #unauthorized = 0;
@@ -297,7 +263,12 @@ export class HttpApi {
       { connectionsCheckingInterval: Math.max(50, Math.floor(headers / 4)) },
       (req, res) => {
         if (this.#refusedSockets.has(req.socket)) return;
-        this.#route(req, res).catch((err) => sendError(res, err));
+        this.#track(req, res);
+        this.#route(req, res).catch((err) => {
+          const rec = this.#records.get(res);
+          if (rec) rec.code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
+          sendError(res, err);
+        });
       },
     );
     this.#server.headersTimeout = headers;
@@ -373,6 +344,29 @@ export class HttpApi {
     });
   }
 
+  #track(req: IncomingMessage, res: ServerResponse): void {
+    const onRequest = this.#opts.onRequest;
+    if (!onRequest) return;
+    const t0 = performance.now();
+    const rec: RequestRecord = {
+      method: req.method ?? '',
+      route: (req.url ?? '/').split('?')[0]!.replace(/\/+$/, '') || '/',
+      status: 0,
+      durationMs: 0,
+    };
+    this.#records.set(res, rec);
+    res.once('close', () => {
+      rec.status = res.headersSent ? res.statusCode : 0;
+      rec.durationMs = performance.now() - t0;
+      if (rec.ttftMs !== undefined) rec.ttftMs -= t0;
+      try {
+        onRequest(rec);
+      } catch {
+        // A failing log sink must not take the server down.
+      }
+    });
+  }
+
   #epochHeader(): Record<string, string> {
     return { 'x-hydra-config-epoch': String(this.#opts.engine.epoch) };
   }
@@ -411,7 +405,7 @@ export class HttpApi {
         );
         return;
       }
-      const text = this.#opts.metrics() + this.#metricsText();
+      const text = (await this.#opts.metrics()) + this.#metricsText();
       res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', ...this.#epochHeader() });
       res.end(text);
       return;
@@ -587,10 +581,20 @@ export class HttpApi {
         first = false;
       };
     }
+    const rec = this.#records.get(res);
+    // Absolute times until the record is closed (#track makes ttftMs relative to the request).
+    let lastToken = 0;
+    const onToken = rec
+      ? () => {
+          lastToken = performance.now();
+          rec.ttftMs ??= lastToken;
+        }
+      : undefined;
     // Admission errors throw here, before any byte of the response.
     const pending = engine.submit(prompt, params, {
       signal: abort.signal,
       ...(onText ? { onText } : {}),
+      ...(onToken ? { onToken } : {}),
       ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
       ...(body.cache_prompt === true ? { cachePrompt: true } : {}),
     });
@@ -598,6 +602,7 @@ export class HttpApi {
     try {
       result = await pending;
     } catch (err) {
+      if (rec) rec.code = (err as HydraError).code ?? 'HYDRA_ERR_INTERNAL';
       if (res.headersSent) {
         const e = err as HydraError;
         write({ error: { message: e.message, code: e.code ?? 'HYDRA_ERR_INTERNAL' } });
@@ -607,6 +612,14 @@ export class HttpApi {
       throw err;
     } finally {
       res.off('close', onClose);
+    }
+    if (rec) {
+      rec.promptTokens = result.promptTokens;
+      rec.completionTokens = result.completionTokens;
+      rec.cachedTokens = result.cachedTokens;
+      rec.finishReason = result.finishReason;
+      rec.epoch = result.epoch;
+      if (rec.ttftMs !== undefined) rec.decodeMs = lastToken - rec.ttftMs;
     }
     if (result.finishReason === 'cancelled') {
       res.destroy();

@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
@@ -12,7 +12,9 @@ import {
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { defaults, FIELDS, isRuntimeField, type Params, plan } from '@hydra-engine/tiering';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseServeArgs } from '../src/args.js';
 import { contextParamsFrom, modelParamsFrom, samplerParamsFrom } from '../src/core/params.js';
+import type { HydraError } from '../src/errors.js';
 import { complete, freePort } from './control-helpers.js';
 import { engineWith } from './helpers.js';
 
@@ -363,8 +365,8 @@ describe('every registry key takes effect or is refused', () => {
     it.each(rows('passed'))('%s reaches llama.cpp and is accepted there', async (key, check) => {
       const c = check as Extract<Check, { kind: 'passed' }>;
       const cfg = config(key, c.value);
-      const cp = contextParamsFrom(cfg) as Record<string, unknown>;
-      const mp = modelParamsFrom(cfg, path) as Record<string, unknown>;
+      const cp = contextParamsFrom(cfg) as unknown as Record<string, unknown>;
+      const mp = modelParamsFrom(cfg, path) as unknown as Record<string, unknown>;
       const want = c.want === 'MODEL' ? path : c.want;
       if (c.field in cp && FIELDS.find((f) => f.key === key)!.via === 'context') {
         expect(cp[c.field]).toEqual(want);
@@ -395,7 +397,10 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
   it('sampling.logit_bias: the issue 20 repro now changes a greedy completion', async () => {
     const body = { prompt: 'Once upon a time', max_tokens: 6, temperature: 0, return_tokens: true };
     const before = (await complete(eng.url, body)).json.choices[0].tokens as number[];
-    const r = (await client.configure({ 'sampling.logit_bias': { '100': 100 } })) as Record<string, unknown>;
+    const r = (await client.configure({ 'sampling.logit_bias': { '100': 100 } })) as unknown as Record<
+      string,
+      unknown
+    >;
     expect(r.params_applied).toEqual({ 'sampling.logit_bias': { '100': 100 } });
     const after = (await complete(eng.url, body)).json.choices[0].tokens as number[];
     expect(before).not.toEqual(after);
@@ -442,5 +447,76 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
     expect(eng.engine.model).toBe(loaded);
     expect(eng.engine.modelPath).toBe(path);
     expect(eng.engine.epoch).toBe(epoch);
+  });
+});
+
+describe('per-request fields and refusals at every door', () => {
+  let eng: Awaited<ReturnType<typeof engineWith>>;
+  let client: HydraClient;
+  beforeAll(async () => {
+    const port = await freePort();
+    eng = await engineWith(['-m', path, '-c', '1024', '--rpc-port', String(port)]);
+    client = await HydraClient.connect({ port, encoding: 'json' });
+  }, 60_000);
+  afterAll(async () => {
+    client?.close();
+    await eng?.close();
+  });
+
+  const ask = (body: Record<string, unknown>) =>
+    complete(eng.url, { prompt: 'Once upon a time', max_tokens: 8, temperature: 0, ...body });
+
+  it('grammar, logit_bias and samplers per request take effect', async () => {
+    const g = await ask({ grammar: 'root ::= [a-c]+' });
+    expect(g.status).toBe(200);
+    expect(g.json.choices[0].text).toMatch(/^[a-c]+$/);
+    const b = await ask({ logit_bias: [[100, 100]], return_tokens: true });
+    expect(b.json.choices[0].tokens).toEqual(new Array(8).fill(100));
+    const plain = await ask({ temperature: 0.7, seed: 3, return_tokens: true });
+    const reordered = await ask({ temperature: 0.7, seed: 3, samplers: 'kt', return_tokens: true });
+    expect(reordered.json.choices[0].tokens).not.toEqual(plain.json.choices[0].tokens);
+  });
+
+  it.each([
+    [{ grammar: 'root ::= (' }, 'HYDRA_ERR_BAD_VALUE', ['grammar']],
+    [{ logit_bias: [[5000, 1]] }, 'HYDRA_ERR_BAD_VALUE', ['logit_bias']],
+    [{ mirostat: 7 }, 'HYDRA_ERR_BAD_VALUE', ['mirostat']],
+    [{ logprobs: true }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['logprobs']],
+    [{ n_probs: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['n_probs']],
+    [{ response_format: { type: 'json_object' } }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['response_format']],
+    [{ json_schema: { type: 'object' } }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['json_schema']],
+  ] as const)('%j is a 400 %s naming the field', async (body, code, keys) => {
+    const r = await ask(body);
+    expect([r.status, r.json.error.code, r.json.error.keys]).toEqual([400, code, keys]);
+  });
+
+  it('CONFIGURE refuses a grammar llama.cpp cannot parse, and applies nothing', async () => {
+    const epoch = eng.engine.epoch;
+    await expect(
+      client.configure({ 'sampling.grammar': 'root ::= (', 'sampling.temp': 0.2 }),
+    ).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE', keys: ['sampling.grammar'] });
+    await expect(client.configure({ 'sampling.logit_bias': { '5000': 1 } })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_BAD_VALUE',
+      keys: ['sampling.logit_bias'],
+    });
+    expect(eng.engine.layers.get('sampling.temp')).toBe(0.8);
+    expect(eng.engine.epoch).toBe(epoch);
+  });
+
+  it('PLAN and the YAML config refuse what CONFIGURE refuses', async () => {
+    await expect(client.plan({ ctx_shift: true })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
+      keys: ['ctx_shift'],
+    });
+    const yaml = join(dir, 'refused.yaml');
+    writeFileSync(yaml, `model: ${path}\nspeculative:\n  n_max: 4\n`);
+    let err: HydraError | undefined;
+    try {
+      parseServeArgs(['--config', yaml]);
+    } catch (e) {
+      err = e as HydraError;
+    }
+    expect(err?.keys).toEqual(['speculative.n_max']);
+    expect((err?.cause as HydraError | undefined)?.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
   });
 });

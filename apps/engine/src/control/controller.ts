@@ -4,9 +4,17 @@ import type { ModelRegistry } from '@hydra-engine/resolver';
 import { modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
 import { type Decision, DeferralPolicy, type PlanResult, plan } from '@hydra-engine/tiering';
 import { freshDevices } from '../combine/devices.js';
+import { samplerParamsFrom } from '../core/params.js';
 import type { Engine, ExpertMode } from '../engine.js';
 import { HydraError } from '../errors.js';
 import { checkContext, fileSource, modelFacts } from '../placement.js';
+import { checkSampler } from '../request-params.js';
+
+const SAMPLER_KEYS = {
+  grammar: 'sampling.grammar',
+  logit_bias: 'sampling.logit_bias',
+  samplers: 'sampling.samplers',
+};
 
 /** STATE_GET chunk when `state_chunk_size` was never set (the issue's 2 MiB, above tiering's 1 MiB default). */
 export const DEFAULT_STATE_CHUNK = 2 * 1024 * 1024;
@@ -308,6 +316,10 @@ export class Controller {
     // A new model's GGUF is checked now, before anything is recorded or deferred.
     if (typeof model === 'string' && model !== '') await modelFacts(await this.resolveModel(model));
     const engine = this.engine;
+    // A grammar that does not parse or a bias past the vocabulary is refused now, not per request.
+    if (engine.model && r.changes.some((c) => c.via === 'sampler')) {
+      checkSampler(engine.model, samplerParamsFrom(r.next), SAMPLER_KEYS);
+    }
     if ((r.rebuild === 'context' || r.rebuild === 'model') && !changed.has('model') && engine.modelPath) {
       // Sizes (n_ctx, n_batch, n_parallel, cache types) against device memory before allocation;
       // the context in force counts as freed, as the rebuild frees it first.
