@@ -186,7 +186,12 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
     expect(r.json.error?.code).toBe('HYDRA_ERR_INSUFFICIENT_MEMORY');
     expect(r.json.error?.keys).toContain('n_ctx');
     expect(rss1 - rss0).toBeLessThan(64 * 2 ** 20);
-    // The same through the Hydra-side planner for n_parallel past llama.cpp's 256 sequences.
+    // With a model change too (a T3): checked against the devices' whole memory before the unload.
+    const other = hostile(tiny, 'copy.gguf', () => undefined);
+    const t3 = await post(e.url, '/control/configure', { model: other, n_ctx: 2_000_000_000 });
+    expect(t3.json.error?.code).toBe('HYDRA_ERR_INSUFFICIENT_MEMORY');
+    expect(rssBytes(e.child.pid!) - rss0).toBeLessThan(64 * 2 ** 20);
+    // n_parallel past llama.cpp's 256 sequences.
     const np = await post(e.url, '/control/configure', { n_parallel: 300 });
     expect(np.json.error).toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE', keys: ['n_parallel'] });
     const st = await status(e.url);

@@ -1,4 +1,5 @@
 import { stat } from 'node:fs/promises';
+import { totalmem } from 'node:os';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import { modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
@@ -313,9 +314,17 @@ export class Controller {
   async #precheck(r: PlanResult): Promise<void> {
     const changed = new Map(r.changes.map((c) => [c.key, c.to]));
     const model = changed.get('model');
-    // A new model's GGUF is checked now, before anything is recorded or deferred.
-    if (typeof model === 'string' && model !== '') await modelFacts(await this.resolveModel(model));
     const engine = this.engine;
+    // A new model's GGUF is checked now, before anything is recorded or deferred.
+    if (typeof model === 'string' && model !== '') {
+      const facts = await modelFacts(await this.resolveModel(model));
+      if (((r.next.rpc_servers as string[] | undefined) ?? []).length === 0) {
+        // Its context against the whole memory of the devices (what the old model frees is only
+        // known after the unload, where the load checks again): refuses what can never fit.
+        const whole = (await freshDevices()).map((d) => ({ ...d, free: d.total }));
+        checkContext(facts, r.next, whole, undefined, totalmem());
+      }
+    }
     // A grammar that does not parse or a bias past the vocabulary is refused now, not per request.
     if (engine.model && r.changes.some((c) => c.via === 'sampler')) {
       checkSampler(engine.model, samplerParamsFrom(r.next), SAMPLER_KEYS);
