@@ -142,6 +142,26 @@ describe('chunked prefill', () => {
     }
   });
 
+  it('feeds waiting prompts first come, first served, with the same tokens as one at a time', async () => {
+    const eng = engines.get(16)!;
+    const other = long.map((t, i) => (i % 7 === 0 ? long[(i * 13) % long.length]! : t)).subarray(0, 1200);
+    const firstAt: number[] = [];
+    const mark = (i: number) => () => {
+      firstAt[i] ??= performance.now();
+    };
+    eng.engine.hold();
+    const both = Promise.all([
+      eng.engine.submit(long, greedy(6), { onToken: mark(0) }),
+      eng.engine.submit(other, greedy(6), { onToken: mark(1) }),
+    ]);
+    eng.engine.resume();
+    const [a, b] = await both;
+    // The first admitted prompt takes the whole budget until it is in: it samples first.
+    expect(firstAt[0]!).toBeLessThan(firstAt[1]!);
+    expect(a.tokens).toEqual((await whole.engine.submit(long, greedy(6))).tokens);
+    expect(b.tokens).toEqual((await whole.engine.submit(other, greedy(6))).tokens);
+  });
+
   it('a cancel during a chunked prefill frees the slot at the next chunk', async () => {
     const eng = engines.get(16)!;
     const engine = eng.engine;

@@ -180,6 +180,14 @@ export class Scheduler {
     return ctx;
   }
 
+  /** Per slot: whether a request runs in it, and the tokens whose KV it keeps for reuse. */
+  slotInfo(): { busy: boolean; cachedTokens: number }[] {
+    return this.#slots.map((job, i) => ({
+      busy: job !== undefined,
+      cachedTokens: this.#cache[i]?.length ?? 0,
+    }));
+  }
+
   /** Slots that are running a request or hold cached KV (what a KV move must carry). */
   slotsInUse(): number[] {
     const out: number[] = [];
@@ -495,6 +503,8 @@ export class Scheduler {
           else this.#advance(job, out.tokens[i]!);
         }
         this.#rate.push({ at: t1, tokens: served });
+        // Trimmed here too: nothing else reads it unless /metrics is asked.
+        while (this.#rate[0]!.at < t1 - RATE_WINDOW_MS) this.#rate.shift();
       }
     } finally {
       if (gen === this.#gen) {
