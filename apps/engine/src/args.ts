@@ -30,7 +30,7 @@ export interface ServeSettings {
   rpcQueueSize: number;
   /** A waiting ggml-RPC connection is closed after this. */
   rpcQueueTimeoutMs: number;
-  /** Running plus waiting ggml-RPC sessions of one source address (0: the pool size - 1, at least 1). */
+  /** ggml-RPC sessions one source address runs at once; its further ones wait (0: the pool size - 1, at least 1). */
   rpcMaxPerSource: number;
   /** Open merged-port connections in all, and from one source address. */
   portMaxConnections: number;
@@ -322,7 +322,7 @@ export const FLAGS: FlagSpec[] = [
     names: ['--rpc-max-per-source'],
     key: '@rpcMaxPerSource',
     kind: 'int',
-    help: 'running + waiting ggml-RPC sessions per source address (default 0: pool size - 1)',
+    help: 'ggml-RPC sessions one address runs at once, the rest wait (default 0: pool size - 1)',
   },
   {
     names: ['--rpc-port-max-connections'],

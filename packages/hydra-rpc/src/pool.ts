@@ -31,7 +31,7 @@ export interface RpcPoolStats extends RpcSessionStats {
   queued: number;
   /** Connections turned away (pool and queue full, per-source cap, or the port closing). */
   refused: number;
-  /** Of `refused`: turned away because their source address held `maxPerSource` sessions. */
+  /** Of `refused`: turned away because their source address held `maxPerSource` running sessions and its share of the queue. */
   refusedBySource: number;
   /** Queued connections closed because no host was free within `queueTimeoutMs`. */
   queueTimeouts: number;
@@ -74,7 +74,10 @@ export interface PoolConfig {
   host: RpcHostSpec;
   size: number;
   queueSize: number;
-  /** Running plus queued sessions one source address may hold. */
+  /**
+   * Sessions one source address may run at once; its further connections wait in the queue (at
+   * most half of it, rounded up), so another address still finds a host.
+   */
   maxPerSource: number;
   /** A queued connection waiting longer than this is closed. */
   queueTimeoutMs: number;
@@ -132,6 +135,7 @@ export class RpcPool {
   readonly #hosts = new Set<Host>();
   readonly #setup: unknown[] = [];
   readonly #perSource = new Map<string, number>();
+  readonly #runningBy = new Map<string, number>();
   readonly #totals: RpcSessionStats = {
     bytesIn: 0,
     bytesOut: 0,
@@ -187,11 +191,12 @@ export class RpcPool {
       return false;
     }
     const held = this.#perSource.get(job.source) ?? 0;
-    if (held >= this.#config.maxPerSource) {
+    const share = this.#config.maxPerSource + Math.ceil(this.#config.queueSize / 2);
+    if (held >= share) {
       this.#refusedBySource++;
       this.refuse(
         job.label,
-        `its address holds ${held} sessions (maxPerSource ${this.#config.maxPerSource})`,
+        `its address holds ${held} sessions, running and waiting (maxPerSource ${this.#config.maxPerSource} + half the queue)`,
       );
       return false;
     }
@@ -263,9 +268,7 @@ export class RpcPool {
   }
 
   #release(source: string): void {
-    const held = (this.#perSource.get(source) ?? 1) - 1;
-    if (held > 0) this.#perSource.set(source, held);
-    else this.#perSource.delete(source);
+    decrement(this.#perSource, source);
   }
 
   #spawn(): Host {
@@ -411,6 +414,7 @@ export class RpcPool {
 
   #finish(running: Running): void {
     this.#active--;
+    decrement(this.#runningBy, running.job.source);
     this.#release(running.job.source);
     try {
       running.job.ended?.();
@@ -459,9 +463,20 @@ export class RpcPool {
     if (host.child.connected) host.child.disconnect();
   }
 
+  // The first waiting job whose source runs fewer than maxPerSource sessions: a source at its cap
+  // waits (a head's short probes overlap its long sessions for a moment; refusing them would abort
+  // the head) without holding up other sources.
+  #nextEligible(): Queued | undefined {
+    const at = this.#queue.findIndex(
+      (q) => (this.#runningBy.get(q.job.source) ?? 0) < this.#config.maxPerSource,
+    );
+    return at < 0 ? undefined : this.#queue.splice(at, 1)[0];
+  }
+
   #pump(): void {
-    while (!this.#closing && this.#active < this.#config.size && this.#queue.length > 0) {
-      const queued = this.#queue.shift()!;
+    while (!this.#closing && this.#active < this.#config.size) {
+      const queued = this.#nextEligible();
+      if (queued === undefined) break;
       clearTimeout(queued.timer);
       const { job } = queued;
       const idle = this.#idleHosts();
@@ -476,6 +491,7 @@ export class RpcPool {
         continue;
       }
       this.#active++;
+      this.#runningBy.set(job.source, (this.#runningBy.get(job.source) ?? 0) + 1);
       const running: Running = { id: this.#nextId++, job, live: {} };
       host.running = running;
       clearTimeout(host.idleTimer);
@@ -537,6 +553,12 @@ export class RpcPool {
       await within(exits, 2000);
     }
   }
+}
+
+function decrement(map: Map<string, number>, key: string): void {
+  const left = (map.get(key) ?? 1) - 1;
+  if (left > 0) map.set(key, left);
+  else map.delete(key);
 }
 
 function addStats(into: RpcSessionStats, from: unknown): void {

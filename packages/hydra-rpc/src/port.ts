@@ -59,7 +59,10 @@ export interface HydraPortOptions {
   queueSize?: number;
   /** A queued ggml-RPC connection that gets no host within this is closed; default 30 000 ms. */
   queueTimeoutMs?: number;
-  /** Running plus queued ggml-RPC sessions one source address may hold; default poolSize - 1 (at least 1), so another address always finds a host. */
+  /**
+   * ggml-RPC sessions one source address may run at once; its further connections wait (at most
+   * half the queue). Default poolSize - 1 (at least 1), so another address always finds a host.
+   */
   rpcMaxPerSource?: number;
 }
 

@@ -220,10 +220,10 @@ describe.skipIf(!nativeAvailable)('merged port with the native ggml-RPC half', (
     });
   });
 
-  it('connections that send only 0x0E: one address holds at most rpcMaxPerSource (pool - 1) sessions, another still gets HELLO', async () => {
+  it('connections that send only 0x0E: one address runs at most rpcMaxPerSource (pool - 1) sessions, another still gets HELLO', async () => {
     const { port, portNumber } = await serveNative({ poolSize: 4 });
     const stalled = await Promise.all([0, 1, 2, 3].map(() => openRpc(portNumber)));
-    await vi.waitFor(() => expect(port.stats().rpc).toMatchObject({ active: 3, refusedBySource: 1 }), {
+    await vi.waitFor(() => expect(port.stats().rpc).toMatchObject({ active: 3, queued: 1 }), {
       timeout: 5000,
     });
     const other = await openRpc(portNumber, '127.0.0.2');

@@ -204,20 +204,24 @@ describe('RpcPool (child process hosts)', () => {
     await vi.waitFor(() => expect(h.pool.stats().served).toBe(1));
   });
 
-  it('one source address holds at most maxPerSource sessions; another address is still admitted', async () => {
+  it('one source address runs at most maxPerSource sessions: its next ones wait, another address is served, half the queue is its share', async () => {
     const h = await harness(4, 4, { maxPerSource: 2 });
     const mine = [await h.open(), await h.open()];
     for (const c of mine) await c.opening;
-    const third = await h.open();
-    await third.closed;
-    expect(h.pool.stats()).toMatchObject({ active: 2, refused: 1, refusedBySource: 1 });
+    const waiting = [await h.open(), await h.open()];
+    await vi.waitFor(() => expect(h.pool.stats()).toMatchObject({ active: 2, queued: 2, refused: 0 }));
+    // its share is full (2 running + 2 waiting): the next one is refused
+    const refused = await h.open();
+    await refused.closed;
+    expect(h.pool.stats()).toMatchObject({ refused: 1, refusedBySource: 1 });
+    // another address goes past the waiting ones
     const other = await h.open('127.0.0.2');
     await other.opening;
-    expect(h.pool.stats().active).toBe(3);
+    expect(h.pool.stats()).toMatchObject({ active: 3, queued: 2 });
+    // one of mine ends: the first waiting one of mine starts
     mine[0]!.socket.write('e');
-    await vi.waitFor(() => expect(h.pool.stats().served).toBe(1));
-    const again = await h.open();
-    await again.opening;
+    await waiting[0]!.opening;
+    expect(h.pool.stats()).toMatchObject({ active: 3, queued: 1 });
   });
 
   it('a queued connection is closed after queueTimeoutMs and its source slot freed', async () => {
