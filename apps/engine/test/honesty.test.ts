@@ -281,6 +281,17 @@ describe('every registry key takes effect or is refused', () => {
     );
   });
 
+  it('keeps the default chains what they were: greedy alone at temp 0 (the backend fast path)', () => {
+    const names = (cfg: Params) => {
+      const s = model.createSampler(samplerParamsFrom(cfg));
+      const out = s.names();
+      s.dispose();
+      return out;
+    };
+    expect(names(config('sampling.temp', 0))).toEqual(['greedy']);
+    expect(names(defaults())).toEqual(['top-k', 'top-p', 'min-p', 'temp', 'dist']);
+  });
+
   const rows = (kind: Check['kind']) =>
     Object.entries(TABLE)
       .filter(([, c]) => c.kind === kind)
