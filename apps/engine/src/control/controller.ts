@@ -321,7 +321,7 @@ export class Controller {
       if (((r.next.rpc_servers as string[] | undefined) ?? []).length === 0) {
         // Its context against the whole memory of the devices (what the old model frees is only
         // known after the unload, where the load checks again): refuses what can never fit.
-        const whole = (await freshDevices()).map((d) => ({ ...d, free: d.total }));
+        const whole = (await freshDevices(2000, false)).map((d) => ({ ...d, free: d.total }));
         checkContext(facts, r.next, whole, undefined, totalmem());
       }
     }
