@@ -1511,7 +1511,7 @@ public:
             }
             llama_sampler * clone = llama_sampler_clone(e.sampler->chain);
             if (!llama_set_sampler(c->ctx, e.seq, clone)) {
-                llama_sampler_free(clone);  // not offloadable (e.g. typical, grammar): CPU path
+                llama_sampler_free(clone);  // refused by llama.cpp: the host samples with the original chain
                 clone = nullptr;
             }
             if (a.clone != nullptr) {
@@ -1584,7 +1584,11 @@ public:
                         llama_sampler_accept(on_device, token);
                         e.sampled = token;
                     } else {
-                        e.sampled = llama_sampler_sample(e.sampler->chain, c->ctx, i);
+                        // llama.cpp attaches any chain and runs its offloadable prefix (logit bias,
+                        // penalties, top-k, ...) on the device; the attached clone knows which
+                        // stages ran, so it samples the rest. The original chain would apply that
+                        // prefix a second time (a bias or a penalty counted twice).
+                        e.sampled = llama_sampler_sample(on_device ? on_device : e.sampler->chain, c->ctx, i);
                     }
                 }
             }
