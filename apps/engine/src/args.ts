@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { SERVE_LIMIT_KEYS } from '@hydra-engine/native-ggml/rpc-host';
 import { ModelRegistry } from '@hydra-engine/resolver';
 import { ConfigLayers, normalize, type Params } from '@hydra-engine/tiering';
 import { parse as parseYaml } from 'yaml';
@@ -39,6 +40,8 @@ export interface ServeSettings {
   hydraMaxSessions: number;
   hydraMaxSessionsPerSource: number;
   hydraIdleTimeoutMs: number;
+  /** Per-session limits of every ggml-RPC session (native-ggml serveRpcFd's `limits`); unset keep their defaults. */
+  rpcLimits: Record<string, number>;
   // HTTP and control-plane hardening (http.ts HttpOptions, control/controller.ts ControllerOptions).
   /** Keys read from `--api-key-file` (one a line, `#` comments), accepted besides `--api-key`'s. */
   apiKeysFromFile: string[];
@@ -55,6 +58,18 @@ export interface ServeSettings {
   stateTimeoutMs: number;
   /** Bytes all unfinished STATE_PUT uploads may declare together. */
   maxStateUploadBytes: number;
+  // llama-server's server settings (http.ts HttpOptions, routes/).
+  /** `--alias a,b`: the model's names (the first one in answers). */
+  aliases: string[];
+  /** `--slot-save-path`: the folder of slot save/restore files (unset: slot actions answer 501). */
+  slotSavePath: string | undefined;
+  /** `--slots` / `--no-slots`: `GET /slots`. */
+  slotsEndpoint: boolean;
+  /** `--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`. */
+  corsOrigins: string;
+  corsMethods: string;
+  corsHeaders: string;
+  corsCredentials: boolean;
 }
 
 export interface ServeArgs {
@@ -354,6 +369,12 @@ export const FLAGS: FlagSpec[] = [
     kind: 'int',
     help: 'a Hydra session that sends no frame for this long is closed (default 300000)',
   },
+  {
+    names: ['--rpc-limit'],
+    key: '@rpcLimits',
+    kind: 'repeat',
+    help: `NAME=N: a ggml-RPC session limit (repeatable; ${SERVE_LIMIT_KEYS.join(', ')})`,
+  },
   // Peer watchdog (settings; see ServeSettings).
   {
     names: ['--peer-stall-ms'],
@@ -378,6 +399,48 @@ export const FLAGS: FlagSpec[] = [
     key: '@peerProbeFailures',
     kind: 'int',
     help: 'failed HELLO probes in a row that are a peer loss (default 2)',
+  },
+  // llama-server's server settings (see ServeSettings).
+  {
+    names: ['-a', '--alias'],
+    key: '@aliases',
+    kind: 'list',
+    help: 'model names in answers and /v1/models (comma-separated; default: the file name)',
+  },
+  {
+    names: ['--slot-save-path'],
+    key: '@slotSavePath',
+    kind: 'string',
+    help: 'folder of /slots/{id}?action=save|restore files (default: slot actions off)',
+  },
+  { names: ['--slots'], key: '@slotsEndpoint', kind: 'flag', bare: true, help: 'serve GET /slots (default)' },
+  { names: ['--no-slots'], key: '@slotsEndpoint', kind: 'flag', bare: false, help: 'do not serve GET /slots' },
+  {
+    names: ['--cors-origins'],
+    key: '@corsOrigins',
+    kind: 'string',
+    help: "allowed CORS origins (default *; 'localhost': reflect a localhost Origin only)",
+  },
+  {
+    names: ['--cors-methods'],
+    key: '@corsMethods',
+    kind: 'string',
+    help: 'CORS allowed methods (default GET, POST, DELETE, OPTIONS)',
+  },
+  { names: ['--cors-headers'], key: '@corsHeaders', kind: 'string', help: 'CORS allowed headers (default *)' },
+  {
+    names: ['--cors-credentials'],
+    key: '@corsCredentials',
+    kind: 'flag',
+    bare: true,
+    help: 'allow credentials (default; with * the Origin is echoed)',
+  },
+  {
+    names: ['--no-cors-credentials'],
+    key: '@corsCredentials',
+    kind: 'flag',
+    bare: false,
+    help: 'do not allow credentials',
   },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
@@ -576,7 +639,71 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   hydra_max_sessions_per_source: 'hydraMaxSessionsPerSource',
   '@hydraIdleTimeoutMs': 'hydraIdleTimeoutMs',
   hydra_idle_timeout_ms: 'hydraIdleTimeoutMs',
+  '@aliases': 'aliases',
+  alias: 'aliases',
+  '@slotSavePath': 'slotSavePath',
+  slot_save_path: 'slotSavePath',
+  '@slotsEndpoint': 'slotsEndpoint',
+  slots: 'slotsEndpoint',
+  '@corsOrigins': 'corsOrigins',
+  cors_origins: 'corsOrigins',
+  '@corsMethods': 'corsMethods',
+  cors_methods: 'corsMethods',
+  '@corsHeaders': 'corsHeaders',
+  cors_headers: 'corsHeaders',
+  '@corsCredentials': 'corsCredentials',
+  cors_credentials: 'corsCredentials',
+  '@rpcLimits': 'rpcLimits',
+  rpc_limits: 'rpcLimits',
 };
+
+/**
+ * `--rpc-limit NAME=N` (repeatable) or YAML `rpc_limits: {NAME: N}`: known names only, non-negative
+ * integers, refused here at start rather than by every session.
+ */
+function parseRpcLimits(value: unknown, where: string, key: string): Record<string, number> {
+  const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
+  const entries: [string, unknown][] = [];
+  if (Array.isArray(value)) {
+    for (const item of value) {
+      const m = typeof item === 'string' ? /^([A-Za-z]+)=(.*)$/.exec(item) : null;
+      if (!m)
+        throw new HydraError(code, `${where}: --rpc-limit takes NAME=N, got ${JSON.stringify(item)}`, {
+          keys: [key],
+        });
+      entries.push([m[1]!, /^\d+$/.test(m[2]!) ? Number(m[2]) : m[2]]);
+    }
+  } else if (typeof value === 'object' && value !== null) {
+    entries.push(...Object.entries(value));
+  } else {
+    throw new HydraError(code, `${where}: rpc_limits must be a map of limit names to integers`, {
+      keys: [key],
+    });
+  }
+  const out: Record<string, number> = {};
+  for (const [name, n] of entries) {
+    if (!(SERVE_LIMIT_KEYS as readonly string[]).includes(name)) {
+      throw new HydraError(
+        code,
+        `${where}: unknown ggml-RPC session limit ${name} (known: ${SERVE_LIMIT_KEYS.join(', ')})`,
+        {
+          keys: [key],
+        },
+      );
+    }
+    if (!Number.isSafeInteger(n) || (n as number) < 0) {
+      throw new HydraError(code, `${where}: ggml-RPC session limit ${name} must be a non-negative integer`, {
+        keys: [key],
+      });
+    }
+    out[name] = n as number;
+  }
+  return out;
+}
+
+/** Settings that are strings or booleans (aliases is a list; most others are integers). */
+const STRING_SETTINGS = new Set<keyof ServeSettings>(['slotSavePath', 'corsOrigins', 'corsMethods', 'corsHeaders']);
+const BOOL_SETTINGS = new Set<keyof ServeSettings>(['slotsEndpoint', 'corsCredentials']);
 
 /** Settings for which 0 is valid (a queue of none, or "derive the default"). */
 const ZERO_OK = new Set<keyof ServeSettings>([
@@ -645,6 +772,14 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     hydraMaxSessions: 512,
     hydraMaxSessionsPerSource: 64,
     hydraIdleTimeoutMs: 300_000,
+    aliases: [],
+    slotSavePath: undefined,
+    slotsEndpoint: true,
+    corsOrigins: '*',
+    corsMethods: 'GET, POST, DELETE, OPTIONS',
+    corsHeaders: '*',
+    corsCredentials: true,
+    rpcLimits: {},
   };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};
@@ -672,8 +807,33 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
       settings.rpcWeights.push(...(files as string[]));
       return;
     }
+    if (name === 'rpcLimits') {
+      Object.assign(settings.rpcLimits, parseRpcLimits(value, where, key));
+      return;
+    }
     if (name === 'apiKeysFromFile') {
       settings.apiKeysFromFile.push(...readApiKeyFile(value, where, key));
+      return;
+    }
+    const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
+    const shown = key.replace('@', '');
+    if (name === 'aliases') {
+      const list = typeof value === 'string' ? value.split(',').filter((a) => a.length > 0) : value;
+      if (!Array.isArray(list) || list.length === 0 || !list.every((a) => typeof a === 'string' && a.length > 0))
+        throw new HydraError(code, `${where}: ${shown} must be non-empty names`, { keys: [key] });
+      settings.aliases = list as string[];
+      return;
+    }
+    if (STRING_SETTINGS.has(name)) {
+      if (typeof value !== 'string' || value.length === 0)
+        throw new HydraError(code, `${where}: ${shown} must be a non-empty string`, { keys: [key] });
+      settings[name] = value as never;
+      return;
+    }
+    if (BOOL_SETTINGS.has(name)) {
+      if (typeof value !== 'boolean')
+        throw new HydraError(code, `${where}: ${shown} must be true or false`, { keys: [key] });
+      settings[name] = value as never;
       return;
     }
     const min = ZERO_OK.has(name) ? 0 : 1;

@@ -143,6 +143,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       allowFrom,
       native: { peekFirstByte },
       rpcHost: options.rpcHost ?? { args: [rpcHostPath] },
+      ...(Object.keys(s.rpcLimits).length > 0 ? { rpcTask: { limits: s.rpcLimits } } : {}),
       poolSize: s.rpcPoolSize,
       queueSize: s.rpcQueueSize,
       queueTimeoutMs: s.rpcQueueTimeoutMs,

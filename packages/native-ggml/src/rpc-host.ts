@@ -7,7 +7,28 @@ import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { HydraError } from './errors.js';
 import { detachFd, rpcWeightsIndexAdd } from './index.js';
+import type { NativeServeLimits } from './binding.js';
 import type { RpcServeTask, RpcWorkerReply } from './rpc-worker.js';
+
+const LIMIT_KEYS: Record<keyof NativeServeLimits, true> = {
+  maxAllocBytes: true,
+  maxMessageBytes: true,
+  maxGraphNodes: true,
+  maxGraphTensors: true,
+  maxGraphDepth: true,
+  maxBuffers: true,
+  helloTimeoutMs: true,
+  stallTimeoutMs: true,
+  idleTimeoutMs: true,
+};
+
+/**
+ * The names of serveRpcFd's per-session limits (a session task's `limits`), so that an embedder can
+ * refuse an unknown one when it starts rather than at every session.
+ */
+export const SERVE_LIMIT_KEYS: readonly (keyof NativeServeLimits)[] = Object.keys(
+  LIMIT_KEYS,
+) as (keyof NativeServeLimits)[];
 
 /** Absolute path of this module: run it with node (and an IPC channel) to start a host. */
 export const rpcHostPath: string = fileURLToPath(new URL('./rpc-host.js', import.meta.url));
