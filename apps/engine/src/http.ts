@@ -5,6 +5,7 @@ import { Allowlist } from '@hydra-engine/hydra-rpc';
 import { BodyParser, type PreparedBody } from './body.js';
 import type { Engine, GenerationParams, GenerationResult } from './engine.js';
 import { HydraError } from './errors.js';
+import type { RequestRecord } from './metrics.js';
 import { checkSampler, requestSettings } from './request-params.js';
 
 export interface HttpOptions {
@@ -32,7 +33,9 @@ export interface HttpOptions {
   /** Most chat messages in one request; 0: max(256, n_ctx of a slot / 2). */
   maxMessages?: number;
   /** Prometheus text for `/metrics`. */
-  metrics: () => string;
+  metrics: () => string | Promise<string>;
+  /** Called once per answered request (the request log line and latency histograms). */
+  onRequest?: (record: RequestRecord) => void;
   modelId?: () => string;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
@@ -228,6 +231,7 @@ export class HttpApi {
   readonly #perSource = new Map<string, number>();
   readonly #refusedSockets = new WeakSet<Socket>();
   readonly #bodies = new BodyParser();
+  readonly #records = new WeakMap<ServerResponse, RequestRecord>();
   #open = 0;
   #refused = 0;
   #unauthorized = 0;
@@ -259,7 +263,12 @@ export class HttpApi {
       { connectionsCheckingInterval: Math.max(50, Math.floor(headers / 4)) },
       (req, res) => {
         if (this.#refusedSockets.has(req.socket)) return;
-        this.#route(req, res).catch((err) => sendError(res, err));
+        this.#track(req, res);
+        this.#route(req, res).catch((err) => {
+          const rec = this.#records.get(res);
+          if (rec) rec.code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
+          sendError(res, err);
+        });
       },
     );
     this.#server.headersTimeout = headers;
@@ -335,6 +344,29 @@ export class HttpApi {
     });
   }
 
+  #track(req: IncomingMessage, res: ServerResponse): void {
+    const onRequest = this.#opts.onRequest;
+    if (!onRequest) return;
+    const t0 = performance.now();
+    const rec: RequestRecord = {
+      method: req.method ?? '',
+      route: (req.url ?? '/').split('?')[0]!.replace(/\/+$/, '') || '/',
+      status: 0,
+      durationMs: 0,
+    };
+    this.#records.set(res, rec);
+    res.once('close', () => {
+      rec.status = res.headersSent ? res.statusCode : 0;
+      rec.durationMs = performance.now() - t0;
+      if (rec.ttftMs !== undefined) rec.ttftMs -= t0;
+      try {
+        onRequest(rec);
+      } catch {
+        // A failing log sink must not take the server down.
+      }
+    });
+  }
+
   #epochHeader(): Record<string, string> {
     return { 'x-hydra-config-epoch': String(this.#opts.engine.epoch) };
   }
@@ -373,7 +405,7 @@ export class HttpApi {
         );
         return;
       }
-      const text = this.#opts.metrics() + this.#metricsText();
+      const text = (await this.#opts.metrics()) + this.#metricsText();
       res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', ...this.#epochHeader() });
       res.end(text);
       return;
@@ -549,10 +581,20 @@ export class HttpApi {
         first = false;
       };
     }
+    const rec = this.#records.get(res);
+    // Absolute times until the record is closed (#track makes ttftMs relative to the request).
+    let lastToken = 0;
+    const onToken = rec
+      ? () => {
+          lastToken = performance.now();
+          rec.ttftMs ??= lastToken;
+        }
+      : undefined;
     // Admission errors throw here, before any byte of the response.
     const pending = engine.submit(prompt, params, {
       signal: abort.signal,
       ...(onText ? { onText } : {}),
+      ...(onToken ? { onToken } : {}),
       ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
       ...(body.cache_prompt === true ? { cachePrompt: true } : {}),
     });
@@ -560,6 +602,7 @@ export class HttpApi {
     try {
       result = await pending;
     } catch (err) {
+      if (rec) rec.code = (err as HydraError).code ?? 'HYDRA_ERR_INTERNAL';
       if (res.headersSent) {
         const e = err as HydraError;
         write({ error: { message: e.message, code: e.code ?? 'HYDRA_ERR_INTERNAL' } });
@@ -569,6 +612,14 @@ export class HttpApi {
       throw err;
     } finally {
       res.off('close', onClose);
+    }
+    if (rec) {
+      rec.promptTokens = result.promptTokens;
+      rec.completionTokens = result.completionTokens;
+      rec.cachedTokens = result.cachedTokens;
+      rec.finishReason = result.finishReason;
+      rec.epoch = result.epoch;
+      if (rec.ttftMs !== undefined) rec.decodeMs = lastToken - rec.ttftMs;
     }
     if (result.finishReason === 'cancelled') {
       res.destroy();

@@ -23,7 +23,7 @@ export {
 } from './engine.js';
 export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';
 export { generationParams, HttpApi, type HttpOptions } from './http.js';
-export { renderMetrics } from './metrics.js';
+export { EngineMetrics, type RequestRecord } from './metrics.js';
 export { computePlacement, formatPlacement, type Placement } from './placement.js';
 export { freeLoopbackPort } from './ports.js';
 export { ENGINE_VERSION, type RunningEngine, type StartOptions, startEngine } from './serve.js';

@@ -11,7 +11,7 @@ import { controlRoutes, registerControl } from './control/wire.js';
 import { Engine } from './engine.js';
 import { HydraError } from './errors.js';
 import { HttpApi, splitApiKeys } from './http.js';
-import { renderMetrics } from './metrics.js';
+import { EngineMetrics } from './metrics.js';
 import { formatPlacement } from './placement.js';
 
 /** The version reported by HELLO and `--version`. */
@@ -104,6 +104,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     stateTimeoutMs: args.settings.stateTimeoutMs,
     maxStateUploadBytes: args.settings.maxStateUploadBytes,
   });
+  const metrics = new EngineMetrics(engine, (t4.rpc_port as number) > 0 ? () => port?.stats() : undefined);
   const allowFrom = (t4.control_allow_from as string[]).map((c) =>
     c.replace(/^127\.0\.0\.1\/8$/, '127.0.0.0/8'),
   );
@@ -125,7 +126,8 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     headersTimeoutMs: args.settings.headersTimeoutMs,
     maxPromptBytes: args.settings.maxPromptBytes,
     maxMessages: args.settings.maxMessages,
-    metrics: () => renderMetrics(engine, port?.stats()),
+    metrics: () => metrics.render(),
+    onRequest: (rec) => metrics.observe(rec),
     modelId: () => basename(engine.modelPath ?? ''),
   });
   const host = t4.host as string;
