@@ -234,6 +234,25 @@ describe.skipIf(!nativeAvailable)('merged port with the native ggml-RPC half', (
     for (const s of stalled) s.destroy();
   });
 
+  it("a running session's counters reach stats() live, before it ends", async () => {
+    const { port, portNumber } = await serveNative();
+    const s = await openRpc(portNumber);
+    const reply = readExactly(s, 8 + HELLO_RSP_SIZE);
+    s.write(helloRest());
+    await reply;
+    // RPC_CMD_DEVICE_COUNT (15, no payload): reply size u64 = 4, then a u32 count
+    for (let i = 0; i < 5; i++) {
+      const r = readExactly(s, 12);
+      s.write(Buffer.concat([Buffer.from([15]), Buffer.alloc(8)]));
+      await r;
+    }
+    await vi.waitFor(() => expect(port.stats().rpc.commands).toBeGreaterThanOrEqual(5), { timeout: 5000 });
+    expect(port.stats().rpc).toMatchObject({ active: 1, served: 0 });
+    s.destroy();
+    await vi.waitFor(() => expect(port.stats().rpc.served).toBe(1), { timeout: 5000 });
+    expect(port.stats().rpc.commands).toBeGreaterThanOrEqual(5);
+  }, 15_000);
+
   it('no host process outlives close()', async () => {
     const { port, portNumber } = await serveNative();
     const s = await openRpc(portNumber);
