@@ -2,7 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort, stream } from './control-helpers.js';
+import { freePort } from './control-helpers.js';
 import { CLI, tinyModel, waitFor } from './helpers.js';
 
 // Issue 18, "bounds before allocation" and "atomic rebuilds": hostile GGUF metadata aborted the
@@ -199,6 +199,12 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
     expect(st.applied.n_ctx).toBe(512);
     expect(st.slots.n_ctx_seq).toBe(512);
     expect(await greedy(e.url)).toEqual(before);
+    // n_cpu_moe is size-like too (one override per layer): 2e9 reloads like any value past the
+    // model's blocks instead of building 2e9 strings.
+    const moe = await post(e.url, '/control/configure', { n_cpu_moe: 2_000_000_000 });
+    expect(moe.json.success, JSON.stringify(moe.json)).toBe(true);
+    expect(await greedy(e.url)).toEqual(before);
+    expect(rssBytes(e.child.pid!) - rss0).toBeLessThan(64 * 2 ** 20);
     // And at startup: -c 2e9 never reaches llama.cpp.
     const s = await spawnEngine(['-m', tiny, '-c', '2000000000'], procs, false);
     expect(s.log()).toContain('HYDRA_ERR_INSUFFICIENT_MEMORY');
@@ -244,19 +250,21 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
   it('a deferred model load that fails is reported in STATUS, the log and a metric; the old model serves', async () => {
     const e = await spawnEngine(['-m', tiny, '-c', '512'], procs);
     const before = await greedy(e.url);
-    let reply: Awaited<ReturnType<typeof post>> | undefined;
-    const out = await stream(
-      e.url,
-      { prompt: 'Hello', max_tokens: 64, temperature: 0, ignore_eos: true },
-      () => {
-        void post(e.url, '/control/configure', { model: badNrot }).then((r) => {
-          reply = r;
-        });
-      },
-    );
-    expect(out.finish).toBe('length');
+    // A long stream holds the slot until the CONFIGURE reply says the load was deferred.
+    const ctrl = new AbortController();
+    const res = await fetch(`${e.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Hello', max_tokens: 4000, ignore_eos: true, stream: true }),
+      signal: ctrl.signal,
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    const reply = await post(e.url, '/control/configure', { model: badNrot });
+    ctrl.abort();
+    await reader.closed.catch(() => undefined);
     await waitFor(async () => (await status(e.url)).last_rebuild_failure !== undefined, 20_000);
-    expect(reply?.json).toMatchObject({ success: true, deferred_keys: ['model'] });
+    expect(reply.json).toMatchObject({ success: true, deferred_keys: ['model'] });
     const st = await status(e.url);
     expect(st.last_rebuild_failure).toMatchObject({
       rebuild: 'model',

@@ -1,4 +1,5 @@
 import type { ContextParams, ModelLoadParams, SamplerParams, SamplerStage } from '@hydra-engine/native-ggml';
+import { LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
 
@@ -12,7 +13,9 @@ function withoutDefaults<T extends object>(obj: T): Partial<T> {
 export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
   const overrides = [...((cfg.override_tensors as string[]) ?? [])];
   // llama.cpp --n-cpu-moe N: the experts of the first N layers stay in host memory.
-  const nCpuMoe = (cfg.n_cpu_moe as number) ?? 0;
+  // Past llama.cpp's 512 layers (LLAMA_MAX_LAYERS) an override matches no block: the registry
+  // allows n_cpu_moe up to 2^31, and one string per value would take the JS heap down first.
+  const nCpuMoe = Math.min((cfg.n_cpu_moe as number) ?? 0, LLAMA_MAX_LAYERS);
   for (let i = 0; i < nCpuMoe; i++) overrides.push(`blk\\.${i}\\.ffn_(up|down|gate)_exps=CPU`);
   const kvOverrides = ((cfg.kv_overrides as string[]) ?? []).map((spec) => {
     const m = /^([^=]+)=(int|float|bool|str):(.*)$/.exec(spec);
