@@ -10,7 +10,10 @@ import { CLI, tinyModel, waitFor } from './helpers.js';
 // The peer is the stock upstream ggml-rpc-server of the same pin.
 const RPC_SERVER = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
   .pathname;
-const STALL_MS = 300;
+// 300 ms (the issue's example) passed on a quiet machine; on the shared 2-core CI machine a
+// 32-token step over ggml-RPC now and then takes longer under load, so the limit is 1 s, still
+// far below the prefill (3.8-8.3 s measured).
+const STALL_MS = 1000;
 const procs: ChildProcess[] = [];
 afterAll(() => {
   for (const p of procs) {
@@ -90,7 +93,14 @@ async function complete(url: string): Promise<{ status: number; code?: string; m
   const res = await fetch(`${url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt: LONG, max_tokens: 4, temperature: 0, ignore_eos: true }),
+    // No cache_prompt: the second request must prefill again (the peer stops during it).
+    body: JSON.stringify({
+      prompt: LONG,
+      max_tokens: 4,
+      temperature: 0,
+      ignore_eos: true,
+      cache_prompt: false,
+    }),
   });
   const body = (await res.json()) as { error?: { code: string } };
   return { status: res.status, code: body.error?.code, ms: performance.now() - t0 };
