@@ -111,15 +111,15 @@ describe('chunked prefill', () => {
     expect(run.chunks).toBe(Math.ceil(long.length / (64 - 3)));
     // The streams were still running when the long prompt's first token came.
     expect(run.tokens.every((t) => t.length === 400)).toBe(true);
-    // One step of 64 tokens plus slack: about 1/40 of the prefill. The bound is a quarter of the
-    // prefill of the same run (2 shared CPU cores make absolute times drift); an unchunked step
-    // takes all of it (next test).
+    // One step of 64 tokens plus slack: about 1/40 of the prefill. The bound is a third of the
+    // prefill of the same run (2 shared CPU cores make absolute times drift, and under load one
+    // step now and then waits for a core); an unchunked step takes all of it (next test).
     console.log(
       `chunked prefill: ${long.length} tokens in ${run.chunks} chunks, TTFT ${run.longTtftMs.toFixed(0)} ms ` +
         `(one step alone: ${wholeMs.toFixed(0)} ms); running streams' longest gap ${run.maxGapMs.toFixed(1)} ms`,
     );
     expect(run.maxGapMs).toBeGreaterThan(0);
-    expect(run.maxGapMs).toBeLessThan(run.longTtftMs / 4);
+    expect(run.maxGapMs).toBeLessThan(run.longTtftMs / 3);
   });
 
   it('freezes the streams for the whole prefill when the budget holds the whole prompt (the test can fail)', async () => {
