@@ -157,6 +157,8 @@ export class RpcPool {
   readonly #ended: Record<string, number> = {};
   #closing = false;
   #warmTimer: NodeJS.Timeout | undefined;
+  #lastRefusalLog = 0;
+  #refusalsNotLogged = 0;
 
   constructor(config: PoolConfig) {
     this.#config = config;
@@ -210,10 +212,18 @@ export class RpcPool {
     return true;
   }
 
-  /** Counts and logs a refusal decided by the caller. */
+  /** Counts and logs a refusal decided by the caller (one line a second at most, with the count since). */
   refuse(label: string, reason: string): void {
     this.#refused++;
-    this.#config.logger.warn(`hydra-rpc: refused ggml-RPC connection from ${label}: ${reason}`, {
+    const now = Date.now();
+    if (now - this.#lastRefusalLog < 1000) {
+      this.#refusalsNotLogged++;
+      return;
+    }
+    const more = this.#refusalsNotLogged > 0 ? ` (${this.#refusalsNotLogged} more since the last line)` : '';
+    this.#lastRefusalLog = now;
+    this.#refusalsNotLogged = 0;
+    this.#config.logger.warn(`hydra-rpc: refused ggml-RPC connection from ${label}: ${reason}${more}`, {
       active: this.#active,
       queued: this.#queue.length,
       poolSize: this.#config.size,
@@ -392,10 +402,13 @@ export class RpcPool {
     const cause = signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
     if (running && host.stopping) {
       // Cut by close() at the shutdown timeout: not a crash.
+      running.job.sent();
       addStats(this.#totals, running.live);
       this.#config.logger.info(`hydra-rpc: ggml-RPC session for ${running.job.label} cut at shutdown`);
       this.#finish(running);
     } else if (running) {
+      // The handle may never have been acknowledged: let go of this process's copy now.
+      running.job.sent();
       this.#crashed++;
       addStats(this.#totals, running.live);
       this.#config.logger.error(
