@@ -164,6 +164,21 @@ describe('contextFit: a context checked against memory before it is built', () =
     expect(contextFit(f, { next, current: next, hostFreeBytes: GIB })).toBeNull();
   });
 
+  it('counts the context of another model in force as freed (a reload): currentFacts', async () => {
+    const f = await facts();
+    const wide = modelFactsFromGguf(
+      await readGguf(
+        llamaModel({ nLayer: 8, nEmbd: 512, nHead: 8, nHeadKv: 8, nFf: 512, nVocab: 1000 }).source,
+      ),
+    );
+    // The wide model's 65536 cells hold 8 x 2048 B x 65536 = 1 GiB, which the small model's
+    // 128 MiB context fits into once it is freed, not before.
+    const dev = [{ name: 'CUDA0', freeBytes: 64 * MIB }];
+    const next = { devices: dev, nCtx: 65536, marginBytes: 0 };
+    expect(contextFit(f, { next, hostFreeBytes: GIB })?.device).toBe('CUDA0');
+    expect(contextFit(f, { next, current: next, currentFacts: wide, hostFreeBytes: GIB })).toBeNull();
+  });
+
   it('puts the batch buffers (n_batch capped at n_ctx) on the host', async () => {
     const f = await facts();
     const dev = [{ name: 'CUDA0', freeBytes: 80 * GIB }];
