@@ -9,6 +9,15 @@ import { HydraError } from './errors.js';
 export interface ServeSettings {
   /** Requests waiting for a slot before 429. */
   maxQueue: number;
+  /** Stay up in state `error` when the start-up load fails (for a coordinator); default exit 1. */
+  keepUpOnLoadFailure: boolean;
+  /** Seconds running requests get to finish after SIGTERM/SIGINT before they are ended. */
+  shutdownTimeoutS: number;
+  /** Log lines as JSON (`json`), as text (`text`), or JSON unless stderr is a TTY (`auto`). */
+  logFormat: 'auto' | 'json' | 'text';
+  logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
+  /** A file that gets every log line (JSON) besides stderr. */
+  logFile: string | undefined;
   /** Largest accepted request body. */
   maxBodyBytes: number;
   /** A request body must arrive within this time (408 otherwise). */
@@ -414,7 +423,13 @@ export const FLAGS: FlagSpec[] = [
     help: 'folder of /slots/{id}?action=save|restore files (default: slot actions off)',
   },
   { names: ['--slots'], key: '@slotsEndpoint', kind: 'flag', bare: true, help: 'serve GET /slots (default)' },
-  { names: ['--no-slots'], key: '@slotsEndpoint', kind: 'flag', bare: false, help: 'do not serve GET /slots' },
+  {
+    names: ['--no-slots'],
+    key: '@slotsEndpoint',
+    kind: 'flag',
+    bare: false,
+    help: 'do not serve GET /slots',
+  },
   {
     names: ['--cors-origins'],
     key: '@corsOrigins',
@@ -427,7 +442,12 @@ export const FLAGS: FlagSpec[] = [
     kind: 'string',
     help: 'CORS allowed methods (default GET, POST, DELETE, OPTIONS)',
   },
-  { names: ['--cors-headers'], key: '@corsHeaders', kind: 'string', help: 'CORS allowed headers (default *)' },
+  {
+    names: ['--cors-headers'],
+    key: '@corsHeaders',
+    kind: 'string',
+    help: 'CORS allowed headers (default *)',
+  },
   {
     names: ['--cors-credentials'],
     key: '@corsCredentials',
@@ -441,6 +461,38 @@ export const FLAGS: FlagSpec[] = [
     kind: 'flag',
     bare: false,
     help: 'do not allow credentials',
+  },
+  // Operation: load failures, shutdown and logs (settings; see ServeSettings).
+  {
+    names: ['--keep-up-on-load-failure'],
+    key: '@keepUpOnLoadFailure',
+    kind: 'flag',
+    bare: true,
+    help: 'stay up (state error, /health 503) when the start-up load fails; default: print the cause, exit 1',
+  },
+  {
+    names: ['--shutdown-timeout'],
+    key: '@shutdownTimeoutS',
+    kind: 'int',
+    help: 'seconds running requests get to finish after SIGTERM (default 10)',
+  },
+  {
+    names: ['--log-format'],
+    key: '@logFormat',
+    kind: 'string',
+    help: 'log lines: json|text|auto (default auto: text on a TTY, else JSON)',
+  },
+  {
+    names: ['--log-level'],
+    key: '@logLevel',
+    kind: 'string',
+    help: 'trace|debug|info|warn|error|fatal|silent (default info)',
+  },
+  {
+    names: ['--log-file'],
+    key: '@logFile',
+    kind: 'string',
+    help: 'also write every log line (JSON) to this file',
   },
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
@@ -585,6 +637,16 @@ export function readConfigFile(file: string): {
 }
 
 const SETTING_KEYS: Record<string, keyof ServeSettings> = {
+  '@keepUpOnLoadFailure': 'keepUpOnLoadFailure',
+  keep_up_on_load_failure: 'keepUpOnLoadFailure',
+  '@shutdownTimeoutS': 'shutdownTimeoutS',
+  shutdown_timeout: 'shutdownTimeoutS',
+  '@logFormat': 'logFormat',
+  log_format: 'logFormat',
+  '@logLevel': 'logLevel',
+  log_level: 'logLevel',
+  '@logFile': 'logFile',
+  log_file: 'logFile',
   '@maxQueue': 'maxQueue',
   '@maxBodyBytes': 'maxBodyBytes',
   '@bodyTimeoutMs': 'bodyTimeoutMs',
@@ -702,8 +764,19 @@ function parseRpcLimits(value: unknown, where: string, key: string): Record<stri
 }
 
 /** Settings that are strings or booleans (aliases is a list; most others are integers). */
-const STRING_SETTINGS = new Set<keyof ServeSettings>(['slotSavePath', 'corsOrigins', 'corsMethods', 'corsHeaders']);
+const STRING_SETTINGS = new Set<keyof ServeSettings>([
+  'slotSavePath',
+  'corsOrigins',
+  'corsMethods',
+  'corsHeaders',
+]);
 const BOOL_SETTINGS = new Set<keyof ServeSettings>(['slotsEndpoint', 'corsCredentials']);
+
+/** Settings that take one of a few words. */
+const OPERATION_CHOICES: Partial<Record<keyof ServeSettings, readonly string[]>> = {
+  logFormat: ['auto', 'json', 'text'],
+  logLevel: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'],
+};
 
 /** Settings for which 0 is valid (a queue of none, or "derive the default"). */
 const ZERO_OK = new Set<keyof ServeSettings>([
@@ -746,6 +819,11 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
   const flags = parseFlags(argv);
   const settings: ServeSettings = {
     maxQueue: 64,
+    keepUpOnLoadFailure: false,
+    shutdownTimeoutS: 10,
+    logFormat: 'auto',
+    logLevel: 'info',
+    logFile: undefined,
     maxBodyBytes: 8 << 20,
     bodyTimeoutMs: 10_000,
     progress: 'auto',
@@ -788,6 +866,21 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     const name = SETTING_KEYS[key];
     if (!name)
       throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: unknown setting ${key}`, { keys: [key] });
+    const choices = OPERATION_CHOICES[name];
+    if (choices || name === 'keepUpOnLoadFailure' || name === 'logFile') {
+      const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
+      const ok = choices
+        ? choices.includes(value as string)
+        : name === 'logFile'
+          ? typeof value === 'string' && value.length > 0
+          : typeof value === 'boolean';
+      if (!ok) {
+        const want = choices ? choices.join('|') : name === 'logFile' ? 'a file path' : 'true or false';
+        throw new HydraError(code, `${where}: ${key.replace('@', '')} must be ${want}`, { keys: [key] });
+      }
+      settings[name] = value as never;
+      return;
+    }
     if (name === 'progress') {
       if (!['auto', 'bar', 'lines', 'off'].includes(value as string)) {
         throw new HydraError('HYDRA_ERR_CONFIG_INVALID', `${where}: progress must be auto|bar|lines|off`, {
@@ -819,7 +912,11 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     const shown = key.replace('@', '');
     if (name === 'aliases') {
       const list = typeof value === 'string' ? value.split(',').filter((a) => a.length > 0) : value;
-      if (!Array.isArray(list) || list.length === 0 || !list.every((a) => typeof a === 'string' && a.length > 0))
+      if (
+        !Array.isArray(list) ||
+        list.length === 0 ||
+        !list.every((a) => typeof a === 'string' && a.length > 0)
+      )
         throw new HydraError(code, `${where}: ${shown} must be non-empty names`, { keys: [key] });
       settings.aliases = list as string[];
       return;

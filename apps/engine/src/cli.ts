@@ -61,6 +61,17 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
     };
     process.on('SIGINT', () => stop('SIGINT'));
     process.on('SIGTERM', () => stop('SIGTERM'));
+    await running.loaded;
+    // llama-server's behaviour: a model that cannot be loaded at start ends the process, its cause
+    // printed (above); a coordinator that will CONFIGURE one asks for --keep-up-on-load-failure.
+    if (running.loadError && !args.settings.keepUpOnLoadFailure && !stopping) {
+      stopping = true;
+      io.stderr.write(
+        'hydra-engine: exiting: the start-up model load failed (--keep-up-on-load-failure keeps the engine up)\n',
+      );
+      await running.close().catch(() => undefined);
+      return 1;
+    }
     return await new Promise<number>(() => {});
   } catch (err) {
     const code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';

@@ -30,6 +30,8 @@ export interface RunningEngine {
   watchdog: PeerWatchdog;
   /** Settles when the start-up model load (if any) ends; never rejects. */
   loaded: Promise<void>;
+  /** Why the start-up model load failed, once {@link loaded} settled; undefined when it did not. */
+  readonly loadError: HydraError | undefined;
   close(): Promise<void>;
 }
 
@@ -198,6 +200,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     failures: args.settings.peerProbeFailures,
   });
   let loaded: Promise<void> = Promise.resolve();
+  let loadError: HydraError | undefined;
   if (args.layers.get('model')) {
     const onProgress = progressPrinter(args.settings.progress, log);
     loaded = engine
@@ -211,10 +214,13 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
         for (const line of formatPlacement(engine.placement ?? { nLayer: 0, rows: [] }))
           info(`hydra-engine:   ${line}`);
       })
-      .catch(
-        (err: HydraError) =>
-          void info(`hydra-engine: ${err.code ?? 'HYDRA_ERR_LOAD_FAILED'}: ${err.message}`),
-      );
+      .catch((err: HydraError) => {
+        loadError =
+          err instanceof HydraError
+            ? err
+            : new HydraError('HYDRA_ERR_LOAD_FAILED', (err as Error).message, { cause: err });
+        info(`hydra-engine: ${loadError.code}: ${loadError.message}`);
+      });
   }
   return {
     engine,
@@ -224,6 +230,9 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     httpPort: address.port,
     rpcPort,
     loaded,
+    get loadError() {
+      return loadError;
+    },
     weightsIndexed: weights?.ready ?? Promise.resolve([]),
     watchdog,
     async close() {

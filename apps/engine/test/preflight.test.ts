@@ -20,7 +20,18 @@ async function spawnEngine(flags: string[], procs: ChildProcess[], wantReady = t
   const port = await freePort();
   const child = spawn(
     process.execPath,
-    [CLI, '--port', String(port), '--progress', 'off', '-t', '1', ...flags],
+    // A failed start-up load exits unless asked to stay up (the cases that expect 'error' do).
+    [
+      CLI,
+      '--port',
+      String(port),
+      '--progress',
+      'off',
+      '-t',
+      '1',
+      ...(wantReady ? [] : ['--keep-up-on-load-failure']),
+      ...flags,
+    ],
     {
       stdio: ['ignore', 'ignore', 'pipe'],
     },

@@ -120,8 +120,14 @@ export class Runtime {
   requireModel(): Model {
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'the model is still loading');
     if (this.#closing) throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
-    if (!this.#model || (!this.#scheduler.ctx && !this.#scheduler.held))
-      throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded; start with --model or CONFIGURE one');
+    if (!this.#model || (!this.#scheduler.ctx && !this.#scheduler.held)) {
+      // The cause of a failed load goes with every refusal: "no model" alone hides it.
+      const cause = this.#state === 'error' && this.#lastError ? `: the last load failed: ${this.#lastError}` : '';
+      throw new HydraError(
+        'HYDRA_ERR_NO_MODEL',
+        `no model is loaded${cause || '; start with --model or CONFIGURE one'}`,
+      );
+    }
     return this.#model;
   }
 
