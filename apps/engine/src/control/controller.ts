@@ -417,7 +417,8 @@ export class Controller {
       } catch (err) {
         engine.layers.record(previous);
         this.#policy = this.#freshPolicy();
-        if (d.rebuild === 'model' && engine.layers.get('model')) {
+        // A load refused before the unload (its GGUF checks) left the previous model serving.
+        if (d.rebuild === 'model' && engine.layers.get('model') && engine.state !== 'ready') {
           await engine.load().catch(() => undefined);
         }
         this.#failed(d, err, deferred);
