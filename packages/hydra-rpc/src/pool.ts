@@ -64,7 +64,7 @@ export interface RpcJob {
   start(): { task: Record<string, unknown>; handle: object };
   /** Called once the handle was sent (or could not be): the caller closes its copy. */
   sent(): void;
-  /** Called instead of start() when the job leaves the queue unserved (timeout, pool closing). */
+  /** Called instead of a session when the job leaves the queue unserved (timeout, pool closing, start() threw). */
   abort(): void;
   /** Called when the session ended (served, failed or crashed). */
   ended?(): void;
@@ -501,6 +501,7 @@ export class RpcPool {
         this.#failed++;
         this.#release(job.source);
         this.#config.logger.error(`hydra-rpc: could not start ggml-RPC session for ${job.label}`, { err });
+        job.abort();
         continue;
       }
       this.#active++;

@@ -191,6 +191,26 @@ describe('RpcPool (child process hosts)', () => {
     expect(lines[0]!.message).toContain('refused (GRAPH_COMPUTE): node id 0');
   });
 
+  it('a job whose start() throws is aborted (its caller lets go of the connection) and counted failed', async () => {
+    const h = await harness(1, 0);
+    const calls: string[] = [];
+    const admitted = h.pool.admit({
+      label: 'gone',
+      source: '127.0.0.1',
+      start: () => {
+        throw new Error('connection closed while queued');
+      },
+      sent: () => calls.push('sent'),
+      abort: () => calls.push('abort'),
+      ended: () => calls.push('ended'),
+    });
+    expect(admitted).toBe(true);
+    expect(calls).toEqual(['abort']);
+    expect(h.pool.stats()).toMatchObject({ failed: 1, active: 0, queued: 0 });
+    const a = await h.open();
+    await a.opening;
+  });
+
   it('counts a failed session and keeps serving', async () => {
     const h = await harness(1, 0);
     const a = await h.open();
