@@ -102,6 +102,10 @@ export class Engine {
     const s = this.#scheduler;
     return { total: s.nSlots, busy: s.busy, nCtxSeq: s.nCtxSeq };
   }
+  /** Per slot (llama-server's `/slots`): a request runs in it, and the tokens of its cached KV. */
+  slotInfo(): { busy: boolean; cachedTokens: number }[] {
+    return this.#scheduler.slotInfo();
+  }
   get queueDepth(): number {
     return this.#scheduler.queueDepth;
   }
@@ -208,6 +212,14 @@ export class Engine {
    */
   failOver(reason: string, peers: string[]): Promise<void> {
     return this.#runtime.failOver(reason, peers);
+  }
+
+  /**
+   * Drops an idle slot's KV and its cached tokens (llama-server's `/slots/{id}?action=erase`).
+   * @returns the tokens it held.
+   */
+  eraseSlot(slot: number): Promise<number> {
+    return this.#scheduler.eraseSlot(slot);
   }
 
   /**

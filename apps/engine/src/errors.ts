@@ -50,6 +50,9 @@ export const ERROR_CODES = [
   'HYDRA_ERR_GGUF_INVALID',
   'HYDRA_ERR_GGUF_UNSUPPORTED',
   'HYDRA_ERR_MODEL_METADATA',
+  // llama-server's routes (src/routes): a feature the server was not started with (501), no idle slot.
+  'HYDRA_ERR_NOT_SUPPORTED',
+  'HYDRA_ERR_NO_SLOT',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 

@@ -7,6 +7,8 @@ import type { Engine, GenerationParams, GenerationResult } from './engine.js';
 import { HydraError } from './errors.js';
 import type { RequestRecord } from './metrics.js';
 import { checkSampler, requestSettings } from './request-params.js';
+import { applyCors, CORS_DEFAULTS, type CorsOptions } from './routes/cors.js';
+import { generationSettings, LlamaRoutes, stopType } from './routes/llama.js';
 
 export interface HttpOptions {
   engine: Engine;
@@ -37,6 +39,16 @@ export interface HttpOptions {
   /** Called once per answered request (the request log line and latency histograms). */
   onRequest?: (record: RequestRecord) => void;
   modelId?: () => string;
+  /** `--alias a,b`: the model's names in answers (the first) and in `/v1/models/{id}` (any). */
+  aliases?: readonly string[];
+  /** `--slot-save-path`: the folder of `/slots/{id}?action=save|restore` files (absent: 501). */
+  slotSavePath?: string;
+  /** `GET /slots` (llama-server's `--slots`, default on; `--no-slots` turns it off). */
+  slotsEndpoint?: boolean;
+  /** CORS headers and preflight (default llama-server's: any origin, credentials allowed). */
+  cors?: CorsOptions;
+  /** `/props` `build_info`. */
+  build?: string;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
 }
@@ -80,12 +92,17 @@ const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_UNAUTHORIZED: 401,
   HYDRA_ERR_NOT_FOUND: 404,
   HYDRA_ERR_METHOD_NOT_ALLOWED: 405,
+  HYDRA_ERR_NOT_SUPPORTED: 501,
+  HYDRA_ERR_NO_SLOT: 503,
+  HYDRA_ERR_SLOT_BUSY: 409,
+  HYDRA_ERR_STATE_INVALID: 400,
 };
 
 function errorType(status: number): string {
   if (status === 401) return 'authentication_error';
   if (status === 404) return 'not_found_error';
   if (status === 429) return 'rate_limit_error';
+  if (status === 501) return 'not_supported_error';
   if (status >= 500) return 'server_error';
   return 'invalid_request_error';
 }
@@ -231,6 +248,9 @@ export class HttpApi {
   readonly #perSource = new Map<string, number>();
   readonly #refusedSockets = new WeakSet<Socket>();
   readonly #bodies = new BodyParser();
+  readonly #llama: LlamaRoutes;
+  readonly #cors: CorsOptions;
+  readonly #aliases: readonly string[];
   readonly #records = new WeakMap<ServerResponse, RequestRecord>();
   #open = 0;
   #refused = 0;
@@ -256,7 +276,32 @@ export class HttpApi {
     const headers = positiveInt(o, 'headersTimeoutMs', HTTP_DEFAULTS.headersTimeoutMs);
     this.#maxPromptBytes = positiveInt(o, 'maxPromptBytes', HTTP_DEFAULTS.maxPromptBytes, 0);
     this.#maxMessages = positiveInt(o, 'maxMessages', HTTP_DEFAULTS.maxMessages, 0);
+    const aliases = options.aliases ?? [];
+    if (!Array.isArray(aliases) || !aliases.every((a) => typeof a === 'string' && a.length > 0))
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.aliases must be non-empty strings', {
+        keys: ['aliases'],
+      });
+    this.#aliases = aliases;
+    if (
+      options.slotSavePath !== undefined &&
+      (typeof options.slotSavePath !== 'string' || !options.slotSavePath)
+    )
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.slotSavePath must be a folder path', {
+        keys: ['slotSavePath'],
+      });
+    this.#cors = { ...CORS_DEFAULTS, ...options.cors };
     this.#opts = options;
+    this.#llama = new LlamaRoutes({
+      engine: options.engine,
+      bodies: this.#bodies,
+      modelId: () => this.#modelName(),
+      ...(options.slotSavePath !== undefined ? { slotSavePath: options.slotSavePath } : {}),
+      slotsEndpoint: options.slotsEndpoint ?? true,
+      readBody: (req) => readBody(req, options.maxBodyBytes, options.bodyTimeoutMs),
+      promptByteLimit: () => this.#promptByteLimit(),
+      messageLimit: () => this.#messageLimit(),
+      build: options.build ?? 'hydra-engine',
+    });
     this.#server = createServer(
       // Node closes connections past their header or request deadline only when it checks: every
       // quarter of the header timeout, so an idle connection lives at most 1.25x of it.
@@ -367,6 +412,64 @@ export class HttpApi {
     });
   }
 
+  // llama-server's model name: the first alias, else the file.
+  #modelName(): string {
+    const { engine } = this.#opts;
+    if (!engine.modelPath) return '';
+    return this.#aliases[0] ?? this.#opts.modelId?.() ?? engine.modelPath;
+  }
+
+  #modelObject(): Record<string, unknown> {
+    const m = this.#opts.engine.model?.info;
+    return {
+      id: this.#modelName(),
+      object: 'model',
+      created: 0,
+      owned_by: 'hydra-engine',
+      ...(this.#aliases.length > 1 ? { aliases: this.#aliases } : {}),
+      // The native model facts, and llama-server's meta keys (`size` is one of both).
+      meta: m
+        ? { ...m, n_vocab: m.nVocab, n_ctx_train: m.nCtxTrain, n_embd: m.nEmbd, n_params: m.nParams }
+        : null,
+    };
+  }
+
+  #health(res: ServerResponse): void {
+    const { engine } = this.#opts;
+    const state = engine.state;
+    const degraded = engine.degraded;
+    // llama-server's 503 while loading (what readiness probes wait on), from the moment a model is
+    // configured (the GGUF checks before the load runs it still say `empty`); a model-less engine
+    // is up and says so (it serves /control and waits for a model).
+    const loading = state === 'loading' || (state === 'empty' && Boolean(engine.layers.get('model')));
+    const unavailable = loading
+      ? 'Loading model'
+      : state === 'error'
+        ? `The model failed to load: ${engine.lastError ?? 'unknown error'}`
+        : undefined;
+    const body = {
+      ...(unavailable ? { error: { code: 503, message: unavailable, type: 'unavailable_error' } } : {}),
+      status:
+        state === 'ready'
+          ? degraded
+            ? 'degraded'
+            : 'ok'
+          : loading
+            ? 'loading'
+            : state === 'empty'
+              ? 'no_model'
+              : state,
+      state,
+      ...(state === 'empty' && !loading ? { message: 'no model is loaded' } : {}),
+      ...(degraded ? { degraded } : {}),
+      epoch: engine.epoch,
+      slots: engine.slots,
+      queue: engine.queueDepth,
+      ...(engine.placement ? { placement: engine.placement.rows } : {}),
+    };
+    sendJson(res, unavailable ? 503 : 200, body, this.#epochHeader());
+  }
+
   #epochHeader(): Record<string, string> {
     return { 'x-hydra-config-epoch': String(this.#opts.engine.epoch) };
   }
@@ -375,6 +478,7 @@ export class HttpApi {
     const url = new URL(req.url ?? '/', 'http://x');
     const path = url.pathname.replace(/\/+$/, '') || '/';
     const { engine } = this.#opts;
+    if (applyCors(this.#cors, req, res)) return;
     if (!PUBLIC_PATHS.has(path) && !this.#authorized(req)) {
       this.#unauthorized++;
       req.resume();
@@ -382,18 +486,7 @@ export class HttpApi {
       return;
     }
     if (PUBLIC_PATHS.has(path) && req.method === 'GET') {
-      const state = engine.state;
-      const degraded = engine.degraded;
-      const body = {
-        status: state === 'ready' ? (degraded ? 'degraded' : 'ok') : state,
-        state,
-        ...(degraded ? { degraded } : {}),
-        epoch: engine.epoch,
-        slots: engine.slots,
-        queue: engine.queueDepth,
-        ...(engine.placement ? { placement: engine.placement.rows } : {}),
-      };
-      sendJson(res, state === 'error' ? 503 : 200, body, this.#epochHeader());
+      this.#health(res);
       return;
     }
     if (path === '/metrics' && req.method === 'GET') {
@@ -411,6 +504,18 @@ export class HttpApi {
       return;
     }
     if (this.#opts.control && (await this.#opts.control(req, res, path))) return;
+    const send = (status: number, body: unknown) => sendJson(res, status, body, this.#epochHeader());
+    if (await this.#llama.handle(req, url, path, send, () => this.#methodNotAllowed(req, res))) return;
+    const one = /^(?:\/v1)?\/models\/(.+)$/.exec(path);
+    if (one) {
+      if (req.method !== 'GET') return this.#methodNotAllowed(req, res);
+      const id = decodeURIComponent(one[1]!);
+      const known =
+        engine.modelPath !== undefined && (id === this.#modelName() || this.#aliases.includes(id));
+      if (!known) throw new HydraError('HYDRA_ERR_NOT_FOUND', `no model ${JSON.stringify(id)}`);
+      send(200, this.#modelObject());
+      return;
+    }
     const routes = [
       '/v1/models',
       '/models',
@@ -418,6 +523,7 @@ export class HttpApi {
       '/chat/completions',
       '/v1/completions',
       '/completions',
+      '/completion',
     ];
     if (!routes.includes(path)) {
       req.resume();
@@ -426,10 +532,7 @@ export class HttpApi {
     }
     if (path.endsWith('/models')) {
       if (req.method !== 'GET') return this.#methodNotAllowed(req, res);
-      const id = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : undefined;
-      const data = id
-        ? [{ id, object: 'model', created: 0, owned_by: 'hydra-engine', meta: engine.model?.info ?? null }]
-        : [];
+      const data = engine.modelPath ? [this.#modelObject()] : [];
       sendJson(res, 200, { object: 'list', data }, this.#epochHeader());
       return;
     }
@@ -441,7 +544,43 @@ export class HttpApi {
     if (data === undefined) return;
     const chat = path.endsWith('/chat/completions');
     const prepared = await this.#bodies.parse(data, chat, this.#messageLimit());
-    await this.#complete(req, res, prepared, chat);
+    // llama-server: /completion and /completions answer in its own shape, /v1/completions in OpenAI's.
+    await this.#complete(req, res, prepared, chat, path === '/completion' || path === '/completions');
+  }
+
+  // llama-server's native /completion answer (server_task_result_cmpl_final::to_json_non_oaicompat).
+  #nativeFinal(
+    body: Record<string, unknown>,
+    params: GenerationParams,
+    prompt: Int32Array,
+    result: GenerationResult,
+    model: string,
+    stream: boolean,
+  ): Record<string, unknown> {
+    const m = this.#opts.engine.model;
+    const full = m ? Buffer.concat(result.tokens.map((t) => m.tokenBytes(t))).toString('utf8') : result.text;
+    const settings = requestSettings(body, this.#opts.engine.layers.effective()).effective;
+    const nCtx = this.#opts.engine.slots.nCtxSeq;
+    return {
+      index: 0,
+      content: result.text,
+      tokens: body.return_tokens === true || stream ? result.tokens : [],
+      id_slot: -1,
+      stop: true,
+      model,
+      tokens_predicted: result.completionTokens,
+      tokens_evaluated: result.promptTokens,
+      generation_settings: {
+        n_ctx: nCtx,
+        model,
+        ...generationSettings(settings, { stop: params.stop, stream }),
+      },
+      prompt: typeof body.prompt === 'string' ? body.prompt : m ? m.detokenize(prompt) : '',
+      has_new_line: result.text.includes('\n'),
+      truncated: result.finishReason === 'length' && result.promptTokens + result.completionTokens >= nCtx,
+      ...stopType(result, params, full),
+      tokens_cached: result.cachedTokens,
+    };
   }
 
   #metricsText(): string {
@@ -495,6 +634,7 @@ export class HttpApi {
     res: ServerResponse,
     prepared: PreparedBody,
     chat: boolean,
+    native = false,
   ): Promise<void> {
     const { engine } = this.#opts;
     const { body } = prepared;
@@ -540,7 +680,7 @@ export class HttpApi {
     }
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
-    const model = engine.modelPath ? (this.#opts.modelId?.() ?? engine.modelPath) : '';
+    const model = this.#modelName();
     const abort = new AbortController();
     const includeUsage = (body.stream_options as Record<string, unknown> | undefined)?.include_usage === true;
     const onClose = () => {
@@ -566,7 +706,31 @@ export class HttpApi {
             choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }],
           };
     const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
-    if (stream) {
+    // Generated token ids since the last streamed text (llama-server's native chunks carry them).
+    let pendingTokens: number[] = [];
+    let predicted = 0;
+    if (stream && native) {
+      onText = (text) => {
+        if (!res.headersSent) {
+          res.writeHead(200, {
+            'content-type': 'text/event-stream',
+            'cache-control': 'no-cache',
+            connection: 'keep-alive',
+            ...epochHeaders,
+          });
+        }
+        write({
+          index: 0,
+          content: text,
+          tokens: pendingTokens,
+          stop: false,
+          id_slot: -1,
+          tokens_predicted: predicted,
+          tokens_evaluated: prompt.length,
+        });
+        pendingTokens = [];
+      };
+    } else if (stream) {
       let first = true;
       onText = (text) => {
         if (!res.headersSent) {
@@ -590,13 +754,23 @@ export class HttpApi {
           rec.ttftMs ??= lastToken;
         }
       : undefined;
+    const nativeToken =
+      stream && native
+        ? (t: number) => {
+            pendingTokens.push(t);
+            predicted++;
+            onToken?.();
+          }
+        : undefined;
     // Admission errors throw here, before any byte of the response.
     const pending = engine.submit(prompt, params, {
       signal: abort.signal,
       ...(onText ? { onText } : {}),
       ...(onToken ? { onToken } : {}),
+      ...(nativeToken ? { onToken: nativeToken } : {}),
       ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
-      ...(body.cache_prompt === true ? { cachePrompt: true } : {}),
+      // On by default, as llama-server: a request that shares a slot's prefix skips its prefill.
+      ...(body.cache_prompt !== false ? { cachePrompt: true } : {}),
     });
     let result: GenerationResult;
     try {
@@ -632,6 +806,23 @@ export class HttpApi {
       prompt_tokens_details: { cached_tokens: result.cachedTokens },
     };
     const headers = { 'x-hydra-config-epoch': String(result.epoch) };
+    if (native) {
+      const final = this.#nativeFinal(body, params, prompt, result, model, stream);
+      if (stream) {
+        if (!res.headersSent)
+          res.writeHead(200, {
+            'content-type': 'text/event-stream',
+            'cache-control': 'no-cache',
+            ...headers,
+          });
+        // llama-server ends a native stream with the final object (stop: true), no [DONE].
+        write({ ...final, content: '', tokens: pendingTokens });
+        res.end();
+        return;
+      }
+      sendJson(res, 200, final, headers);
+      return;
+    }
     if (stream) {
       if (!res.headersSent) {
         res.writeHead(200, {

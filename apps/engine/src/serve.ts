@@ -131,6 +131,16 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     metrics: () => metrics.render(),
     onRequest: (rec) => metrics.observe(rec),
     modelId: () => basename(engine.modelPath ?? ''),
+    aliases: args.settings.aliases,
+    ...(args.settings.slotSavePath !== undefined ? { slotSavePath: args.settings.slotSavePath } : {}),
+    slotsEndpoint: args.settings.slotsEndpoint,
+    cors: {
+      origins: args.settings.corsOrigins,
+      methods: args.settings.corsMethods,
+      headers: args.settings.corsHeaders,
+      credentials: args.settings.corsCredentials,
+    },
+    build: `hydra-engine ${ENGINE_VERSION}`,
   });
   const host = t4.host as string;
   const address = await http.listen(t4.port as number, host);

@@ -716,6 +716,17 @@ export class Scheduler {
     return ctx;
   }
 
+  /** See `Engine.eraseSlot`. */
+  eraseSlot(slot: number): Promise<number> {
+    return this.exclusive(async () => {
+      const ctx = this.#idleSlot(slot);
+      const held = this.#cache[slot]?.length ?? 0;
+      ctx.removeSequence(slot);
+      this.#cache[slot] = new Int32Array(0);
+      return held;
+    });
+  }
+
   /** See `Engine.getSlotState`. */
   getSlotState(slot: number): Promise<Buffer> {
     return this.exclusive(async () => {
