@@ -663,7 +663,7 @@ export function shutdownFd(fd: number): void {
   native().fdShutdown(fd);
 }
 
-/** Absolute path of the worker module that serves one ggml-RPC session per task (for piscina). */
+/** Absolute path of the module that serves one ggml-RPC session per task (an rpc-host's worker thread). */
 export const rpcWorkerPath: string = new URL('./rpc-worker.js', import.meta.url).pathname;
 
 /**
