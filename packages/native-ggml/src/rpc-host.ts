@@ -5,9 +5,9 @@
 import { basename } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import type { NativeServeLimits } from './binding.js';
 import { HydraError } from './errors.js';
 import { detachFd, rpcWeightsIndexAdd } from './index.js';
-import type { NativeServeLimits } from './binding.js';
 import type { RpcServeTask, RpcWorkerReply } from './rpc-worker.js';
 
 const LIMIT_KEYS: Record<keyof NativeServeLimits, true> = {
