@@ -47,14 +47,23 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
     }
     const running = await startEngine(args, startOptions);
     let stopping = false;
+    const log = running.logger;
     const stop = (signal: string) => {
-      if (stopping) return;
+      if (stopping) {
+        log.warn(`hydra-engine: second ${signal}, exiting now`, { event: 'exit', signal });
+        process.exit(1);
+      }
       stopping = true;
-      io.stderr.write(`hydra-engine: ${signal}, shutting down\n`);
-      running.close().then(
+      const timeoutS = args.settings.shutdownTimeoutS;
+      log.info(`hydra-engine: ${signal}, shutting down (running requests get up to ${timeoutS} s)`, {
+        event: 'shutdown',
+        signal,
+        timeout_s: timeoutS,
+      });
+      running.shutdown(timeoutS * 1000).then(
         () => process.exit(0),
         (err) => {
-          io.stderr.write(`hydra-engine: shutdown failed: ${(err as Error).message}\n`);
+          log.error(`hydra-engine: shutdown failed: ${(err as Error).message}`, { event: 'shutdown_failed' });
           process.exit(1);
         },
       );
@@ -66,9 +75,10 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
     // printed (above); a coordinator that will CONFIGURE one asks for --keep-up-on-load-failure.
     if (running.loadError && !args.settings.keepUpOnLoadFailure && !stopping) {
       stopping = true;
-      io.stderr.write(
-        'hydra-engine: exiting: the start-up model load failed (--keep-up-on-load-failure keeps the engine up)\n',
-      );
+      log.error('hydra-engine: exiting: the start-up model load failed (--keep-up-on-load-failure keeps the engine up)', {
+        event: 'exit',
+        code: running.loadError.code,
+      });
       await running.close().catch(() => undefined);
       return 1;
     }

@@ -53,6 +53,9 @@ export const ERROR_CODES = [
   // llama-server's routes (src/routes): a feature the server was not started with (501), no idle slot.
   'HYDRA_ERR_NOT_SUPPORTED',
   'HYDRA_ERR_NO_SLOT',
+  // SIGTERM: refused while running requests finish (503, Retry-After); the ones still running at
+  // --shutdown-timeout end with it.
+  'HYDRA_ERR_SHUTTING_DOWN',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 

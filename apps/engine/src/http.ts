@@ -74,6 +74,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   HYDRA_ERR_NO_MODEL: 503,
   HYDRA_ERR_LOADING: 503,
   HYDRA_ERR_DRAINING: 503,
+  HYDRA_ERR_SHUTTING_DOWN: 503,
   HYDRA_ERR_DRAIN_TIMEOUT: 503,
   HYDRA_ERR_PEER_LOST: 502,
   HYDRA_ERR_BAD_JSON: 400,
@@ -122,8 +123,12 @@ function sendJson(
   res.end(text);
 }
 
+// The code each error answer carried, for the request log line.
+const sentCodes = new WeakMap<ServerResponse, string>();
+
 function sendError(res: ServerResponse, err: unknown, headers: Record<string, string> = {}): void {
   const code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
+  if (!res.headersSent) sentCodes.set(res, code);
   const status = STATUS_BY_CODE[code] ?? 500;
   const message = err instanceof Error ? err.message : String(err);
   const keys = err instanceof HydraError ? err.keys : undefined;
@@ -252,6 +257,8 @@ export class HttpApi {
   readonly #cors: CorsOptions;
   readonly #aliases: readonly string[];
   readonly #records = new WeakMap<ServerResponse, RequestRecord>();
+  /** Set by {@link beginShutdown}: the Retry-After of every refusal. */
+  #shutdownRetryS: number | undefined;
   #open = 0;
   #refused = 0;
   #unauthorized = 0;
@@ -309,6 +316,14 @@ export class HttpApi {
       (req, res) => {
         if (this.#refusedSockets.has(req.socket)) return;
         this.#track(req, res);
+        if (this.#shutdownRetryS !== undefined && !req.url?.startsWith('/metrics')) {
+          req.resume();
+          const err = new HydraError('HYDRA_ERR_SHUTTING_DOWN', 'the engine is shutting down');
+          const rec = this.#records.get(res);
+          if (rec) rec.code = err.code;
+          sendError(res, err, { 'retry-after': String(this.#shutdownRetryS), connection: 'close' });
+          return;
+        }
         this.#route(req, res).catch((err) => {
           const rec = this.#records.get(res);
           if (rec) rec.code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
@@ -389,6 +404,15 @@ export class HttpApi {
     });
   }
 
+  /**
+   * Refuses every later request but `/metrics` with 503 `HYDRA_ERR_SHUTTING_DOWN` and
+   * `Retry-After: retryAfterS`; requests already admitted go on.
+   */
+  beginShutdown(retryAfterS: number): void {
+    this.#shutdownRetryS = Math.max(1, Math.ceil(retryAfterS));
+    this.#server.closeIdleConnections();
+  }
+
   #track(req: IncomingMessage, res: ServerResponse): void {
     const onRequest = this.#opts.onRequest;
     if (!onRequest) return;
@@ -403,6 +427,7 @@ export class HttpApi {
     res.once('close', () => {
       rec.status = res.headersSent ? res.statusCode : 0;
       rec.durationMs = performance.now() - t0;
+      rec.code ??= sentCodes.get(res);
       if (rec.ttftMs !== undefined) rec.ttftMs -= t0;
       try {
         onRequest(rec);
@@ -780,7 +805,8 @@ export class HttpApi {
       if (res.headersSent) {
         const e = err as HydraError;
         write({ error: { message: e.message, code: e.code ?? 'HYDRA_ERR_INTERNAL' } });
-        res.end();
+        // The terminator too: an OpenAI client waits for it to tell an ended stream from a cut one.
+        res.end('data: [DONE]\n\n');
         return;
       }
       throw err;

@@ -11,6 +11,7 @@ import { controlRoutes, registerControl } from './control/wire.js';
 import { Engine } from './engine.js';
 import { HydraError } from './errors.js';
 import { HttpApi, splitApiKeys } from './http.js';
+import { createLogger, type EngineLogger } from './log.js';
 import { EngineMetrics } from './metrics.js';
 import { formatPlacement } from './placement.js';
 
@@ -28,15 +29,23 @@ export interface RunningEngine {
   weightsIndexed: Promise<unknown>;
   /** Peer loss detection (see src/combine/watchdog.ts). */
   watchdog: PeerWatchdog;
+  /** The engine's log (pino: `--log-format`, `--log-level`, `--log-file`). */
+  logger: EngineLogger;
   /** Settles when the start-up model load (if any) ends; never rejects. */
   loaded: Promise<void>;
   /** Why the start-up model load failed, once {@link loaded} settled; undefined when it did not. */
   readonly loadError: HydraError | undefined;
   close(): Promise<void>;
+  /**
+   * Graceful stop: new requests get 503 `HYDRA_ERR_SHUTTING_DOWN` with `Retry-After`, running ones
+   * get up to `timeoutMs` to finish, the rest end with that error (an SSE `error` event and
+   * `[DONE]` on a stream), then {@link close}. Resolves with how many were ended.
+   */
+  shutdown(timeoutMs: number): Promise<{ ended: number }>;
 }
 
 export interface StartOptions {
-  /** Where progress and log lines go (default stderr). */
+  /** Where progress and log lines go (default stderr; `isTTY` picks text lines for `--log-format auto`). */
   log?: { write(text: string): unknown; isTTY?: boolean };
   /**
    * The child process that serves ggml-RPC sessions: default node running native-ggml's rpc-host;
@@ -48,6 +57,7 @@ export interface StartOptions {
 function progressPrinter(
   mode: ServeArgs['settings']['progress'],
   out: { write(t: string): unknown; isTTY?: boolean },
+  line: (msg: string, fields: Record<string, unknown>) => void,
 ) {
   const bar = mode === 'bar' || (mode === 'auto' && out.isTTY === true);
   if (mode === 'off') return undefined;
@@ -62,7 +72,7 @@ function progressPrinter(
       );
     } else if (pct >= lastLine + 10 || (p >= 1 && lastLine < 100)) {
       lastLine = pct >= 100 ? 100 : pct - (pct % 10);
-      out.write(`hydra-engine: loading model ${pct}%\n`);
+      line(`hydra-engine: loading model ${pct}%`, { event: 'load_progress', percent: pct });
     }
   };
 }
@@ -74,7 +84,14 @@ function progressPrinter(
 export async function startEngine(args: ServeArgs, options: StartOptions = {}): Promise<RunningEngine> {
   const log = options.log ?? process.stderr;
   const t4 = args.layers.startOnly();
-  const info = (m: string) => log.write(`${m}\n`);
+  const logger = createLogger({
+    format: args.settings.logFormat,
+    level: args.settings.logLevel,
+    sink: log,
+    ...(args.settings.logFile !== undefined ? { file: args.settings.logFile } : {}),
+  });
+  const info = (m: string) => logger.info(m);
+  const warn = (m: string) => logger.warn(m);
   let drainTimeoutMs: number;
   try {
     drainTimeoutMs = parseDrainTimeout(process.env[DRAIN_TIMEOUT_ENV]);
@@ -95,7 +112,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     layers: args.layers,
     maxQueue: args.settings.maxQueue,
     ...(args.registry ? { registry: args.registry } : {}),
-    logger: { info, warn: info },
+    logger: { info, warn },
   });
   const apiKeys = [...splitApiKeys(t4.api_key as string), ...args.settings.apiKeysFromFile];
   let port: HydraPort | undefined;
@@ -129,7 +146,10 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     maxPromptBytes: args.settings.maxPromptBytes,
     maxMessages: args.settings.maxMessages,
     metrics: () => metrics.render(),
-    onRequest: (rec) => metrics.observe(rec),
+    onRequest: (rec) => {
+      metrics.observe(rec);
+      logger.request(rec);
+    },
     modelId: () => basename(engine.modelPath ?? ''),
     aliases: args.settings.aliases,
     ...(args.settings.slotSavePath !== undefined ? { slotSavePath: args.settings.slotSavePath } : {}),
@@ -144,7 +164,10 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   });
   const host = t4.host as string;
   const address = await http.listen(t4.port as number, host);
-  info(`hydra-engine: HTTP on http://${host}:${address.port} (state ${engine.state})`);
+  logger.info(`hydra-engine: HTTP on http://${host}:${address.port} (state ${engine.state})`, {
+    event: 'listening',
+    port: address.port,
+  });
   let rpcPort: number | undefined;
   let weights: ReturnType<typeof startWeightsIndexer> | undefined;
   const wantedRpc = t4.rpc_port as number;
@@ -167,7 +190,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       maxHydraSessions: s.hydraMaxSessions,
       maxHydraSessionsPerSource: s.hydraMaxSessionsPerSource,
       idleTimeoutMs: s.hydraIdleTimeoutMs,
-      logger: { info, warn: info, error: info },
+      logger: { info, warn, error: (m: string) => logger.error(m) },
     });
     port.handle('HELLO', () => ({
       protocol: 1,
@@ -192,7 +215,10 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
         },
       );
     }
-    info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`);
+    logger.info(`hydra-engine: merged ggml-RPC/Hydra port on ${host}:${rpcPort}`, {
+      event: 'rpc_listening',
+      port: rpcPort,
+    });
     const served = port;
     weights = startWeightsIndexer({
       engine,
@@ -212,14 +238,20 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   let loaded: Promise<void> = Promise.resolve();
   let loadError: HydraError | undefined;
   if (args.layers.get('model')) {
-    const onProgress = progressPrinter(args.settings.progress, log);
+    const onProgress = progressPrinter(args.settings.progress, log, (m, f) => logger.info(m, f));
     loaded = engine
       .load(onProgress ? { onProgress } : {})
       .then(() => {
         const m = engine.model!.info;
-        info(
+        logger.info(
           `hydra-engine: model ready: ${engine.modelPath} (${m.arch}, ${m.nLayer} layers, ${engine.slots.total} slots of ` +
             `${engine.slots.nCtxSeq} tokens) in ${engine.counters.loadSeconds.toFixed(2)} s, epoch ${engine.epoch}`,
+          {
+            event: 'load',
+            model: engine.modelPath,
+            seconds: engine.counters.loadSeconds,
+            epoch: engine.epoch,
+          },
         );
         for (const line of formatPlacement(engine.placement ?? { nLayer: 0, rows: [] }))
           info(`hydra-engine:   ${line}`);
@@ -229,16 +261,20 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
           err instanceof HydraError
             ? err
             : new HydraError('HYDRA_ERR_LOAD_FAILED', (err as Error).message, { cause: err });
-        info(`hydra-engine: ${loadError.code}: ${loadError.message}`);
+        logger.error(`hydra-engine: ${loadError.code}: ${loadError.message}`, {
+          event: 'load_failed',
+          code: loadError.code,
+        });
       });
   }
-  return {
+  const running: RunningEngine = {
     engine,
     controller,
     http,
     port,
     httpPort: address.port,
     rpcPort,
+    logger,
     loaded,
     get loadError() {
       return loadError;
@@ -252,6 +288,39 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       await http.close();
       await engine.close();
       await port?.close();
+      logger.close();
+    },
+    async shutdown(timeoutMs: number) {
+      http.beginShutdown(Math.max(1, timeoutMs / 1000));
+      let timer: NodeJS.Timeout | undefined;
+      const timedOut = await Promise.race([
+        engine.whenIdle().then(() => false),
+        new Promise<boolean>((resolve) => {
+          timer = setTimeout(() => resolve(true), timeoutMs);
+        }),
+      ]);
+      clearTimeout(timer);
+      let ended = 0;
+      if (timedOut) {
+        ended = engine.slots.busy;
+        // Queued requests must not take the slots the ended ones free.
+        engine.hold();
+        engine.endRunning(
+          new HydraError(
+            'HYDRA_ERR_SHUTTING_DOWN',
+            `the engine is shutting down: the request was still running after --shutdown-timeout ${timeoutMs / 1000} s`,
+          ),
+        );
+        logger.warn(`hydra-engine: shutdown timeout: ended ${ended} running request(s)`, {
+          event: 'shutdown_timeout',
+          ended,
+        });
+        // The error events go out before the connections are closed.
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      await running.close();
+      return { ended };
     },
   };
+  return running;
 }
