@@ -501,11 +501,15 @@ describe('per-request fields and refusals at every door', () => {
     expect([r.status, r.json.error.code, r.json.error.keys]).toEqual([400, code, keys]);
   });
 
-  it('CONFIGURE refuses a grammar llama.cpp cannot parse, and applies nothing', async () => {
+  it('CONFIGURE and PLAN refuse a grammar llama.cpp cannot parse, and apply nothing', async () => {
     const epoch = eng.engine.epoch;
     await expect(
       client.configure({ 'sampling.grammar': 'root ::= (', 'sampling.temp': 0.2 }),
     ).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE', keys: ['sampling.grammar'] });
+    await expect(client.plan({ 'sampling.grammar': 'root ::= (' })).rejects.toMatchObject({
+      code: 'HYDRA_ERR_BAD_VALUE',
+      keys: ['sampling.grammar'],
+    });
     await expect(client.configure({ 'sampling.logit_bias': { '5000': 1 } })).rejects.toMatchObject({
       code: 'HYDRA_ERR_BAD_VALUE',
       keys: ['sampling.logit_bias'],

@@ -236,6 +236,9 @@ export class Controller {
   /** PLAN: what CONFIGURE would do, applying nothing. */
   plan(delta: unknown): Pick<PlanResult, 'tier' | 'rebuild'> & { changes: object[] } {
     const r = plan(this.#policy.target, delta);
+    const model = this.engine.model;
+    if (model && r.changes.some((c) => c.via === 'sampler'))
+      checkSampler(model, samplerParamsFrom(r.next), SAMPLER_KEYS);
     return {
       tier: r.tier,
       changes: r.changes.map(({ key, from, to, tier }) => ({ key, from, to, tier })),
