@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   completion,
   type EngineProcess,
@@ -525,15 +525,15 @@ async function stockClient(endpoint?: string): Promise<{ logits: number[]; gener
   return JSON.parse(stdout.trim().split('\n').at(-1)!) as { logits: number[]; generated: number[] };
 }
 
-/** Grows RSS would show within `ms` after `send`, the connection closed after. */
-async function rssGrowth(eng: EngineProcess, send: (ctx: Ctx) => void, ms = 1500): Promise<number> {
-  const ctx = await open(eng);
-  const before = rssBytes(eng.pid);
+/** How much `pid`'s RSS grows within `ms` after `send` (the connection closed after). */
+async function rssGrowth(port: number, pid: number, send: (ctx: Ctx) => void, ms = 1500): Promise<number> {
+  const ctx = await open(port);
+  const before = rssBytes(pid);
   send(ctx);
   let peak = before;
   for (let waited = 0; waited < ms; waited += 100) {
     await sleep(100);
-    peak = Math.max(peak, rssBytes(eng.pid));
+    peak = Math.max(peak, rssBytes(pid));
   }
   ctx.conn.destroy();
   return peak - before;
@@ -561,39 +561,6 @@ describe('ggml-RPC hostile input through the merged port', () => {
     });
   }
 
-  it('a 9-byte SET_TENSOR header announcing 1 GiB allocates nothing (it must fit a live buffer first)', async () => {
-    const eng = await engine();
-    const grown = await rssGrowth(eng, (ctx) =>
-      ctx.conn.write(command(CMD.SET_TENSOR, Buffer.alloc(0), 1n << 30n)),
-    );
-    figures.setTensorClaimRssMiB = Math.round(grown / 2 ** 20);
-    // at 47a84fe upstream zero-filled the claimed size before reading a byte
-    expect(grown).toBeLessThan(32 * 2 ** 20);
-    expect(eng.exited()).toBeUndefined();
-  });
-
-  it('an 8 MiB GRAPH_COMPUTE of a million nodes is refused on its counts (47a84fe: +408 MiB)', async () => {
-    const eng = await engine();
-    let closed = false;
-    const grown = await rssGrowth(eng, (ctx) => {
-      const n = 1 << 20;
-      ctx.conn.write(
-        graph(
-          0,
-          Array.from({ length: n }, () => 1n),
-          [t({ id: 1n }, ctx)],
-        ),
-      );
-      void ctx.conn.waitClosed(1400).then((c) => {
-        closed = c;
-      });
-    });
-    figures.graphClaimRssMiB = Math.round(grown / 2 ** 20);
-    expect(closed).toBe(true);
-    expect(grown).toBeLessThan(32 * 2 ** 20);
-    await normalSession(eng);
-  });
-
   it('after every attack, a stock llama.cpp client computes the local logits on the engine', async () => {
     const eng = await engine();
     const local = await stockClient();
@@ -603,6 +570,57 @@ describe('ggml-RPC hostile input through the merged port', () => {
     expect(diff).toBeLessThan(1e-4);
     expect(remote.generated).toEqual(local.generated);
     expect((await completion(eng.url)).status).toBe(200);
+  });
+});
+
+/**
+ * The guard alone: serveRpcFd in this very process (the merged port's path minus the port and the
+ * host process the engine serves sessions in), so an input the guard let through would take the
+ * test process down. Each case must be refused by the guard itself (`ended: 'refused'`).
+ */
+describe('the guard alone refuses each attack (serveRpcFd in the test process)', () => {
+  let srv: Awaited<ReturnType<typeof startGuardedServer>>;
+  beforeAll(async () => {
+    srv = await startGuardedServer({});
+  });
+  afterAll(() => srv.close());
+
+  for (const c of [...ISSUE_18, ...UPSTREAM_ASSERTS]) {
+    it(`refuses: ${c.name}`, async () => {
+      const ctx = await open(srv.port);
+      expect(c.send(ctx)).toBe('close');
+      expect(await ctx.conn.waitClosed(5_000)).toBe(true);
+      const summary = await srv.summaries.at(-1)!;
+      expect(summary.ended).toBe('refused');
+      expect(summary.refusals).toBe(1);
+      await normalSession(srv.port);
+      figures.guardAloneRefused = ((figures.guardAloneRefused as number | undefined) ?? 0) + 1;
+    });
+  }
+
+  it('a 9-byte SET_TENSOR header announcing 1 GiB allocates nothing (it must fit a live buffer first)', async () => {
+    const grown = await rssGrowth(srv.port, process.pid, (ctx) =>
+      ctx.conn.write(command(CMD.SET_TENSOR, Buffer.alloc(0), 1n << 30n)),
+    );
+    figures.setTensorClaimRssMiB = Math.round(grown / 2 ** 20);
+    // at 47a84fe upstream zero-filled the claimed size before reading a byte
+    expect(grown).toBeLessThan(32 * 2 ** 20);
+    expect((await srv.summaries.at(-1)!).reason).toContain('larger than any live buffer');
+  });
+
+  it('an 8 MiB GRAPH_COMPUTE of a million nodes is refused on its counts (47a84fe: +408 MiB)', async () => {
+    // built before the measurement (the 8 MiB message is this process's memory too); refused on
+    // its node count before its tensor is read, so the tensor's buffer does not matter
+    const bytes = graph(
+      0,
+      Array.from({ length: 1 << 20 }, () => 1n),
+      [f32Tensor(1n, 0n, 0n, 16)],
+    );
+    expect(bytes.byteLength).toBeGreaterThan(8 << 20);
+    const grown = await rssGrowth(srv.port, process.pid, (ctx) => ctx.conn.write(bytes));
+    figures.graphClaimRssMiB = Math.round(grown / 2 ** 20);
+    expect(grown).toBeLessThan(32 * 2 ** 20);
+    expect((await srv.summaries.at(-1)!).reason).toContain('nodes (limit 32768)');
   });
 });
 
