@@ -400,7 +400,12 @@ export class Scheduler {
         const limit = Math.min(cached.length, job.prompt.length - 1);
         while (reuse < limit && cached[reuse] === job.prompt[reuse]) reuse++;
       }
-      ctx.removeSequence(i, reuse, -1);
+      // A recurrent or hybrid memory keeps no per-position history: llama_memory_seq_rm refuses a
+      // partial range and leaves the sequence as it was. Read the prompt again from scratch.
+      if (!ctx.removeSequence(i, reuse, -1)) {
+        ctx.removeSequence(i, -1, -1);
+        reuse = 0;
+      }
       this.#cache[i] = cached.subarray(0, reuse);
       job.reuse = reuse;
       job.fed = reuse;

@@ -1,0 +1,179 @@
+import { execFile, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { probeRpcServer } from '@hydra-engine/native-ggml';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from './control-helpers.js';
+import { engineWith, waitFor } from './helpers.js';
+
+// The hybrid synthetic models (qwen35: gated delta-net recurrent blocks with full attention every
+// 4th block; qwen35moe: the same with routed + shared experts) through the engine's HTTP API.
+// Their memory cannot drop a partial range of positions (llama_memory_seq_rm refuses it), which
+// prompt-cache reuse relies on for a plain KV cache.
+
+const exec = promisify(execFile);
+const BIN = '../../../packages/native-ggml/build/bin/';
+const SIMPLE = new URL(`${BIN}llama-simple`, import.meta.url).pathname;
+const RPC_SERVER = new URL(`${BIN}ggml-rpc-server`, import.meta.url).pathname;
+const PROMPT = 'the cat and the dog went to the market';
+type Eng = Awaited<ReturnType<typeof engineWith>>;
+
+interface Completion {
+  text: string;
+  finish: string;
+  cached: number;
+}
+
+async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
+  const res = await fetch(`${eng.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ temperature: 0, ...body }),
+  });
+  const json = (await res.json()) as {
+    choices: { text: string; finish_reason: string }[];
+    usage: { prompt_tokens_details?: { cached_tokens: number } };
+  };
+  expect(res.status, JSON.stringify(json)).toBe(200);
+  return {
+    text: json.choices[0]!.text,
+    finish: json.choices[0]!.finish_reason,
+    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
+  };
+}
+
+let dir: string;
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'hydra-hybrid-'));
+});
+afterAll(() => {
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', (arch) => {
+  let model: string;
+  let eng: Eng;
+  const open: Eng[] = [];
+  beforeAll(async () => {
+    model = join(dir, `tiny-${arch}.gguf`);
+    await writeSyntheticModel({ arch, shape: 'tiny', quant: 'f32', seed: 7, out: model });
+    eng = await engineWith(['-m', model, '-np', '2', '-c', '2048']);
+    open.push(eng);
+  }, 60_000);
+  afterAll(async () => {
+    for (const e of open.reverse()) await e.close();
+  });
+
+  it('gives the greedy text of stock llama-simple', async () => {
+    const ours = await complete(eng, { prompt: PROMPT, max_tokens: 16 });
+    const { stdout } = await exec(SIMPLE, ['-m', model, '-n', '16', PROMPT], { timeout: 60_000 });
+    // llama-simple prints pieces with printf("%s"): the <0x00> byte token prints nothing.
+    expect(stdout.trimEnd()).toBe(`<s> ${PROMPT}${ours.text.replaceAll('\0', '')}`.trimEnd());
+  });
+
+  it('gives the same tokens with cache_prompt as without, however the cached prefix ends', async () => {
+    const base = { max_tokens: 12, ignore_eos: true };
+    const fresh = async (prompt: string) =>
+      (await complete(eng, { ...base, prompt, cache_prompt: false, id_slot: 1 })).text;
+    const prompts = [
+      PROMPT,
+      // The same prompt again: a plain KV cache would keep all but its last token.
+      PROMPT,
+      // Diverges inside the cached prompt.
+      'the cat and the dog ran to the river',
+      // Extends what the slot holds (its prompt and generated text): the whole of it is reusable.
+      '',
+    ];
+    let held = '';
+    for (const [i, p] of prompts.entries()) {
+      const prompt = p === '' ? held : p;
+      const cached = await complete(eng, { ...base, prompt, cache_prompt: true, id_slot: 0 });
+      expect(cached.text, `request ${i}`).toBe(await fresh(prompt));
+      held = `${prompt}${cached.text} and more`;
+    }
+  });
+
+  it('reuses a slot whole when the prompt extends it, and re-reads it otherwise (token prompts)', async () => {
+    const engine = eng.engine;
+    const params = { maxTokens: 8, stop: [], sampler: { temp: 0 }, ignoreEos: true };
+    const fresh = async (prompt: Int32Array) => (await engine.submit(prompt, params, { slot: 1 })).tokens;
+    const cached = (prompt: Int32Array) => engine.submit(prompt, params, { slot: 0, cachePrompt: true });
+    const p = engine.tokenize(PROMPT);
+    // Text tokens without the <s> that tokenize puts first.
+    const words = (text: string) => engine.tokenize(text).subarray(1);
+    expect(engine.tokenize(' x')[0]).toBe(p[0]);
+    const first = await cached(p);
+    expect(first.tokens).toEqual(await fresh(p));
+    // The slot holds the prompt and every generated token but the last (never fed).
+    const extended = Int32Array.from([...p, ...first.tokens, ...words(' and more')]);
+    const ext = await cached(extended);
+    expect(ext.cachedTokens).toBe(p.length + first.tokens.length - 1);
+    expect(ext.tokens).toEqual(await fresh(extended));
+    // Anything shorter than what the slot holds needs a partial removal: read from the start.
+    for (const q of [p, Int32Array.from([...p.subarray(0, 4), ...words(' ran to the river')])]) {
+      const r = await cached(q);
+      expect(r.cachedTokens).toBe(0);
+      expect(r.tokens).toEqual(await fresh(q));
+    }
+  });
+
+  it('serves two slots at once with the same tokens as one at a time', async () => {
+    const prompts = ['Hello world', 'one two three four five'];
+    const alone: string[] = [];
+    for (const prompt of prompts)
+      alone.push((await complete(eng, { prompt, max_tokens: 24, ignore_eos: true })).text);
+    const both = await Promise.all(
+      prompts.map((prompt) => complete(eng, { prompt, max_tokens: 24, ignore_eos: true })),
+    );
+    expect(both.map((c) => c.text)).toEqual(alone);
+  });
+
+  it('restores a saved slot into another engine and continues identically', async () => {
+    const other = await engineWith(['-m', model, '-np', '2', '-c', '2048']);
+    open.push(other);
+    const body = { prompt: PROMPT, max_tokens: 8, ignore_eos: true, cache_prompt: true, id_slot: 1 };
+    const first = await complete(eng, body);
+    const state = await eng.engine.getSlotState(1);
+    await other.engine.setSlotState(1, state);
+    const next = { ...body, prompt: `${PROMPT}${first.text} then` };
+    expect((await complete(other, next)).text).toBe(
+      (await complete(eng, { ...next, cache_prompt: false })).text,
+    );
+  });
+
+  // A stock ggml-rpc-server as the peer: the Hydra peer's ggml-RPC guard refuses these graphs
+  // (SSM_CONV is not on its op allowlist; reported, not fixed here).
+  it('splits its layers with a stock ggml-RPC peer (4 of 8 blocks remote) with the SOLO tokens', async () => {
+    const solo = await complete(eng, { prompt: PROMPT, max_tokens: 16, ignore_eos: true });
+    const port = await freePort();
+    const server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
+    try {
+      const endpoint = `127.0.0.1:${port}`;
+      await waitFor(
+        () =>
+          probeRpcServer(endpoint, 500).then(
+            () => true,
+            () => false,
+          ),
+        10_000,
+      );
+      const head = await engineWith(['-m', model, '--rpc', endpoint, '-ngl', '4', '-c', '1024']);
+      open.push(head);
+      const health = (await (await fetch(`${head.url}/health`)).json()) as {
+        placement?: { device: string }[];
+      };
+      expect(health.placement?.some((r) => r.device.startsWith('RPC'))).toBe(true);
+      expect(health.placement?.some((r) => !r.device.startsWith('RPC'))).toBe(true);
+      expect((await complete(head, { prompt: PROMPT, max_tokens: 16, ignore_eos: true })).text).toBe(
+        solo.text,
+      );
+      await head.close();
+      open.pop();
+    } finally {
+      server.kill('SIGKILL');
+    }
+  }, 60_000);
+});
