@@ -40,6 +40,9 @@ await build({
   ...common,
   entryPoints: [join(dist, 'cli.js')],
   outfile: join(work, 'main.cjs'),
+  // msgpackr tries require('msgpackr-extract') (an optional native speed-up) when it loads: the
+  // SEA main's require loads built-in modules only and prints Node's warning on every start.
+  define: { ...common.define, 'process.env.MSGPACKR_NATIVE_ACCELERATION_DISABLED': '"true"' },
   banner: {
     js: `${banner.js}\nglobalThis.__HYDRA_SEA__ = true;\nif (!process.env.HYDRA_NATIVE_ADDON) process.env.HYDRA_NATIVE_ADDON = require("node:path").join(require("node:path").dirname(process.execPath), "hydra_ggml.node");`,
   },

@@ -33,9 +33,9 @@ it('the single executable starts from a copied folder with a clean environment a
     cwd: dir,
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  let buf = '';
   try {
     const url = await new Promise<string>((resolve, reject) => {
-      let buf = '';
       let http = '';
       p.stderr.on('data', (d) => {
         buf += d;
@@ -49,6 +49,8 @@ it('the single executable starts from a copied folder with a clean environment a
       body: JSON.stringify({ prompt: 'Hello world', max_tokens: 6, temperature: 0 }),
     });
     expect(res.status).toBe(200);
+    // A normal start prints no Node warning (the SEA require one came from msgpackr's optional addon).
+    expect(buf).not.toMatch(/\(node:\d+\) |Warning: /);
     const body = (await res.json()) as {
       usage: { completion_tokens: number };
       choices: { finish_reason: string }[];
