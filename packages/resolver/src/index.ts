@@ -7,7 +7,15 @@ export {
   resolveCombine,
 } from './combine.js';
 export { ERROR_CODES, type ErrorCode, HydraError } from './errors.js';
-export { formatPlanTable, planToJSON } from './format.js';
+export {
+  type FitDevice,
+  type FitDeviceReport,
+  type FitOptions,
+  type FitReport,
+  fitToWire,
+  planFit,
+} from './fit.js';
+export { formatFitTable, formatPlanTable, planToJSON } from './format.js';
 export {
   type GgmlTypeInfo,
   ggmlTypeById,
