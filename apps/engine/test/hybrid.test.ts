@@ -5,7 +5,10 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { readGguf } from '@hydra-engine/resolver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EXPERT_PATTERN } from '../src/combine/moe.js';
+import { fileSource } from '../src/placement.js';
 import { freePort } from './control-helpers.js';
 import { engineWith, waitFor } from './helpers.js';
 
@@ -174,6 +177,57 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
       open.pop();
     } finally {
       server.kill('SIGKILL');
+    }
+  }, 60_000);
+});
+
+describe('tiny qwen35moe expert placement on a stock ggml-RPC peer', () => {
+  const open: Eng[] = [];
+  let server: ReturnType<typeof spawn> | undefined;
+  afterAll(async () => {
+    for (const e of open.reverse()) await e.close();
+    server?.kill('SIGKILL');
+  });
+
+  it('puts the routed experts on the peer, keeps shared experts local, and flips with the SOLO tokens', async () => {
+    const model = join(dir, 'tiny-qwen35moe-experts.gguf');
+    await writeSyntheticModel({ arch: 'qwen35moe', shape: 'tiny', quant: 'q8_0', seed: 4, out: model });
+    const src = await fileSource(model);
+    const names = (await readGguf(src)).tensors.map((t) => t.name);
+    await src.close();
+    const pattern = new RegExp(EXPERT_PATTERN);
+    const remote = names.filter((n) => pattern.test(n));
+    expect(remote.length).toBe(8 * 3);
+    expect(remote.every((n) => n.endsWith('_exps.weight'))).toBe(true);
+    expect(names.filter((n) => n.includes('_shexp')).some((n) => pattern.test(n))).toBe(false);
+    const body = { prompt: PROMPT, max_tokens: 16, ignore_eos: true };
+    const solo = await engineWith(['-m', model]);
+    open.push(solo);
+    const reference = (await complete(solo, body)).text;
+    const port = await freePort();
+    server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
+    const endpoint = `127.0.0.1:${port}`;
+    await waitFor(
+      () =>
+        probeRpcServer(endpoint, 500).then(
+          () => true,
+          () => false,
+        ),
+      10_000,
+    );
+    const head = await engineWith(['-m', model, '--rpc', endpoint, '-c', '1024']);
+    open.push(head);
+    expect(head.engine.dualPlacement).toBe(true);
+    expect(head.engine.mode).toBe('combined');
+    expect((await complete(head, body)).text).toBe(reference);
+    for (const mode of ['solo', 'combined', 'solo']) {
+      const res = await fetch(`${head.url}/control/set_expert_mode`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ mode }),
+      });
+      expect(await res.json()).toMatchObject({ success: true, mode, reloaded: false });
+      expect((await complete(head, body)).text).toBe(reference);
     }
   }, 60_000);
 });
