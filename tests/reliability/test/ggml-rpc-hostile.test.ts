@@ -263,6 +263,18 @@ const SAFE: Case[] = [
     send: closeAfter((ctx) => command(CMD.INIT_TENSOR, encodeTensor(t({ buffer: 0x77n }, ctx)))),
   },
   {
+    name: 'SET_TENSOR inside the buffer but past its tensor (ggml_backend_tensor_set asserts)',
+    send: closeAfter((ctx) => setTensor(t({}, ctx), 64n, Buffer.alloc(64))),
+  },
+  {
+    name: 'GET_TENSOR inside the buffer but past its tensor (ggml_backend_tensor_get asserts)',
+    send: closeAfter((ctx) => getTensor(t({}, ctx), 32n, 64n)),
+  },
+  {
+    name: 'GRAPH_COMPUTE announcing more than maxMessageBytes (refused at its header)',
+    send: closeAfter(() => command(CMD.GRAPH_COMPUTE, Buffer.alloc(0), 65n << 20n)),
+  },
+  {
     name: 'ALLOC_BUFFER of 0 bytes (a stock client never sends one)',
     send: closeAfter(() => command(CMD.ALLOC_BUFFER, Buffer.concat([u32(0), u64(0n)]))),
   },
@@ -640,6 +652,39 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
       expect(summary).toMatchObject({ ended: 'client', allocDenied: 1, refusals: 1 });
       expect(summary.allocBytesPeak).toBeGreaterThanOrEqual(48 << 20);
       figures.allocCapDenied = summary.allocDenied;
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('ALLOC_BUFFER past maxBuffers is answered as failed', async () => {
+    const srv = await startGuardedServer({ maxBuffers: 2 });
+    try {
+      const ctx = await open(srv.port);
+      expect((await ctx.conn.alloc(4096n)).ptr).not.toBe(0n);
+      expect(await ctx.conn.alloc(4096n)).toEqual({ ptr: 0n, size: 0n });
+      ctx.conn.destroy();
+      expect(await srv.summaries[0]!).toMatchObject({ ended: 'client', allocDenied: 1 });
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('a client that stops reading its replies is ended at stallTimeoutMs', async () => {
+    const srv = await startGuardedServer({ stallTimeoutMs: 300 });
+    try {
+      const conn = await RpcConn.open(srv.port);
+      await conn.hello();
+      const { ptr } = await conn.alloc(8n << 20n);
+      const base = await conn.base(ptr);
+      conn.socket.pause(); // replies pile up in the kernel's buffers, then in the guard's send
+      const whole = f32Tensor(1n, ptr, base, 2 << 20);
+      for (let i = 0; i < 16; i++) conn.write(getTensor(whole, 0n, 8n << 20n));
+      expect(await srv.summaries[0]!).toMatchObject({
+        ended: 'timeout',
+        reason: 'the client stopped reading',
+      });
+      conn.destroy();
     } finally {
       await srv.close();
     }
