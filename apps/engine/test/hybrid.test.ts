@@ -123,6 +123,23 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
     }
   });
 
+  it('ends on a stop string (the step queued ahead fed one token more) and the slot still answers right', async () => {
+    const prompt = 'people who could write';
+    const full = await complete(eng, {
+      prompt,
+      max_tokens: 24,
+      ignore_eos: true,
+      cache_prompt: false,
+      id_slot: 1,
+    });
+    const stop = full.text.slice(8, 11);
+    const body = { prompt, max_tokens: 24, ignore_eos: true, stop: [stop], cache_prompt: true, id_slot: 0 };
+    const first = await complete(eng, body);
+    expect(first.finish).toBe('stop');
+    expect(first.text).toBe(full.text.slice(0, full.text.indexOf(stop)));
+    expect((await complete(eng, { ...body, stop: [] })).text).toBe(full.text);
+  });
+
   it('serves two slots at once with the same tokens as one at a time', async () => {
     const prompts = ['Hello world', 'one two three four five'];
     const alone: string[] = [];
