@@ -80,8 +80,7 @@ async function head(model: string, peer: Proc, batch: number): Promise<Proc> {
     // step longer than the lowered limit that no chunking can split.
     ...['-ot', 'output\\.weight=CPU'],
     ...['-b', String(batch), '--peer-stall-ms', String(STALL_MS), '--peer-probe-interval-ms', '50'],
-    // Upstream's server answers one connection at a time: HELLO probes of it while the head holds
-    // its connection go unanswered when idle. Off here, so only the progress check can fire.
+    // Probe misses off: only the progress check can fire (the probes have their own test).
     ...['--peer-probe-failures', '1000000'],
   ]);
 }
@@ -150,4 +149,27 @@ describe('peer liveness by progress', () => {
     expect(r.status).toBe(502);
     expect(r.code).toBe('HYDRA_ERR_PEER_LOST');
   }, 120_000);
+
+  it('an idle head with a stock ggml-rpc-server peer is no loss (it leaves HELLO unread while our session is open); a killed one is', async () => {
+    const model = await tinyModel();
+    const peer = await rpcServer();
+    const h = await spawnEngine([
+      ...['-m', model, '--rpc', peer.rpc, '--device', 'RPC0', '-ngl', '99', '-c', '2048'],
+      ...['--peer-probe-interval-ms', '100', '--peer-probe-timeout-ms', '300', '--peer-probe-failures', '2'],
+    ]);
+    // Each HELLO goes unanswered (one connection at a time): 2 misses in a row would take under
+    // 1 s; the TCP connect check says the peer is there.
+    await new Promise((r) => setTimeout(r, 2500));
+    expect((await health(h.url)).status).not.toBe('degraded');
+    const res = await fetch(`${h.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'the water', max_tokens: 4, temperature: 0 }),
+    });
+    expect(res.status).toBe(200);
+    const killedAt = performance.now();
+    peer.child.kill('SIGKILL');
+    await waitFor(async () => (await health(h.url)).status === 'degraded', 5000);
+    console.log(`idle stock peer killed: degraded ${(performance.now() - killedAt).toFixed(0)} ms later`);
+  }, 60_000);
 });

@@ -1,15 +1,23 @@
 // Peer loss detection for a head engine. Three signals, any one enough:
 // - a ggml-RPC client thread was parked (native-ggml's abort hook: a send or receive to a peer
 //   failed; the decode waiting on it will never return), checked every tick;
-// - `failures` HELLO probes in a row to a configured peer failed (a dead or unreachable peer,
-//   also while the engine is idle and nothing would notice otherwise); a check that saw decode
-//   steps complete counts no miss, since progress proves the peers alive (upstream's
-//   ggml-rpc-server serves one connection at a time: busy with our decode, it leaves HELLO unread);
+// - `failures` probes in a row to a configured peer failed (a dead or unreachable peer, also
+//   while the engine is idle and nothing would notice otherwise). Upstream's ggml-rpc-server
+//   serves one connection at a time: while the head's session is open it leaves a HELLO on a new
+//   connection unread, idle or not, and with its listen backlog of 1 soon lets new connections
+//   time out too. So a failed HELLO is followed by a TCP connect: a peer that takes the connection
+//   is alive (and marked one-connection: from then on only a refused or unreachable port is a
+//   miss, a killed server; a hung one or a link down while idle is found by the progress check at
+//   the next step). A peer that answered HELLO while the engine was ready (our merged port serves
+//   connections side by side), or was never seen to take a connection, misses on a failed HELLO
+//   and connect. A round that saw decode steps complete counts no miss: progress proves the peers
+//   alive;
 // - no decode progress for `stallMs` while a step is in flight (a peer that accepts but never
 //   answers, e.g. a link that went down without a reset). Progress is a completed step, and the
 //   scheduler feeds prompts in steps of at most n_batch tokens (chunked prefill), so a long prompt
 //   on a live pair is many short steps, never one long call: `stallMs` only has to exceed one
 //   n_batch step on the slowest pair (2,048 tokens at 600 tok/s: 3.4 s, under the 15 s default).
+import { connect as tcpConnect } from 'node:net';
 import { probeRpcServer, rpcParkedInfo } from '@hydra-engine/native-ggml';
 import type { Engine } from '../engine.js';
 import { HydraError } from '../errors.js';
@@ -26,8 +34,33 @@ export interface PeerWatchdogOptions {
   probeTimeoutMs?: number;
   log?: (line: string) => void;
   probe?: (endpoint: string, timeoutMs: number) => Promise<unknown>;
+  /**
+   * TCP connect check for peers that never answered HELLO while in use (default: node:net);
+   * rejects with the socket error (`code` ECONNREFUSED etc.) or a timeout.
+   */
+  reachable?: (endpoint: string, timeoutMs: number) => Promise<unknown>;
   parked?: () => number;
 }
+
+/** Resolves once a TCP connection to `endpoint` (host:port) opens; rejects on error or timeout. */
+function tcpReachable(endpoint: string, timeoutMs: number): Promise<void> {
+  const m = /^\[?(.+?)\]?:(\d+)$/.exec(endpoint);
+  if (!m) return Promise.reject(new Error(`endpoint must be host:port, got ${endpoint}`));
+  return new Promise((resolve, reject) => {
+    const socket = tcpConnect({ host: m[1]!, port: Number(m[2]) });
+    const done = (err?: Error) => {
+      socket.destroy();
+      if (err) reject(err);
+      else resolve();
+    };
+    socket.setTimeout(timeoutMs, () => done(new Error(`no TCP connection within ${timeoutMs} ms`)));
+    socket.once('connect', () => done());
+    socket.once('error', (err) => done(err));
+  });
+}
+
+/** Socket errors that say nothing listens there (or cannot be reached), unlike a timeout. */
+const GONE = new Set(['ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH', 'ENETUNREACH', 'EHOSTDOWN', 'ENETDOWN']);
 
 function positive(v: number | undefined, dflt: number, name: string): number {
   const n = v ?? dflt;
@@ -47,6 +80,11 @@ export class PeerWatchdog {
   readonly #probeTimeoutMs: number;
   readonly #log: (line: string) => void;
   readonly #probe: (endpoint: string, timeoutMs: number) => Promise<unknown>;
+  readonly #reachable: (endpoint: string, timeoutMs: number) => Promise<unknown>;
+  /** Peers that answered HELLO while the engine was ready (they serve connections side by side). */
+  readonly #answersWhileInUse = new Set<string>();
+  /** Peers that took a TCP connection but left HELLO unread while in use (upstream's server). */
+  readonly #oneConnection = new Set<string>();
   readonly #parked: () => number;
   readonly #timer: NodeJS.Timeout;
   readonly #misses = new Map<string, number>();
@@ -65,6 +103,7 @@ export class PeerWatchdog {
     this.#probeTimeoutMs = positive(options.probeTimeoutMs, 1000, 'probeTimeoutMs');
     this.#log = options.log ?? (() => undefined);
     this.#probe = options.probe ?? ((e, t) => probeRpcServer(e, t));
+    this.#reachable = options.reachable ?? tcpReachable;
     this.#parked = options.parked ?? (() => rpcParkedInfo().parked);
     this.#parkedSeen = this.#safeParked();
     this.#stepsSeen = this.#engine.counters.decodeSteps;
@@ -96,6 +135,8 @@ export class PeerWatchdog {
     const peers = engine.layers.get('rpc_servers') as string[];
     if (engine.state !== 'ready' || peers.length === 0) {
       this.#misses.clear();
+      this.#answersWhileInUse.clear();
+      this.#oneConnection.clear();
       this.#parkedSeen = this.#safeParked();
       return;
     }
@@ -109,14 +150,7 @@ export class PeerWatchdog {
     if (this.#probing) return;
     this.#probing = true;
     try {
-      const results = await Promise.all(
-        peers.map((p) =>
-          this.#probe(p, this.#probeTimeoutMs).then(
-            () => undefined,
-            (err: Error) => err.message,
-          ),
-        ),
-      );
+      const results = await Promise.all(peers.map((p) => this.#probeOne(p)));
       const steps = engine.counters.decodeSteps;
       const progressed = steps !== this.#stepsSeen;
       this.#stepsSeen = steps;
@@ -131,6 +165,34 @@ export class PeerWatchdog {
     } finally {
       this.#probing = false;
     }
+  }
+
+  /** A peer's probe: undefined when it is alive, else why not (see the module comment). */
+  async #probeOne(peer: string): Promise<string | undefined> {
+    const hello = this.#probe(peer, this.#probeTimeoutMs).then(
+      () => undefined,
+      (err: Error) => err.message,
+    );
+    // Side by side with HELLO, so a round takes one timeout, not two.
+    const tcp = this.#answersWhileInUse.has(peer)
+      ? undefined
+      : this.#reachable(peer, this.#probeTimeoutMs).then(
+          () => undefined,
+          (err: Error & { code?: string }) => err,
+        );
+    const helloFailed = await hello;
+    if (helloFailed === undefined) {
+      if (this.#engine.state === 'ready') this.#answersWhileInUse.add(peer);
+      return undefined;
+    }
+    if (tcp === undefined) return helloFailed;
+    const tcpFailed = await tcp;
+    if (tcpFailed === undefined) {
+      if (this.#engine.state === 'ready') this.#oneConnection.add(peer);
+      return undefined;
+    }
+    const gone = tcpFailed.code !== undefined && GONE.has(tcpFailed.code);
+    return gone || !this.#oneConnection.has(peer) ? `${helloFailed}; TCP: ${tcpFailed.message}` : undefined;
   }
 
   async #lose(reason: string, peers: string[]): Promise<void> {
