@@ -165,6 +165,11 @@ const E = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
 E('n_predict', int(-2), -1);
 // The Hydra state transfer chunk (STATE_GET/PUT); the legacy CONFIGURE payload sets it alone.
 E('state_chunk_size', int(64 * KIB, 64 * MIB), 1 * MIB, { clamp: true });
+// COMBINE failover (apps/engine combine/failover.ts): what a head reloads after a peer loss, whether
+// it probes the lost peers and restores COMBINE, and per-device caps (NAME=MiB) its fit decisions use.
+E('failover_policy', oneOf('auto', 'solo', 'offload', 'none'), 'auto');
+E('peer_rejoin', bool, true);
+E('device_memory_cap', list(str(300, /^[^=\s]+=[1-9][0-9]{0,8}$/), 128), []);
 E('n_keep', int(-1), 0, { unsupported: NOT_SERVED });
 E('antiprompt', list(str(4096), 256), [], { unsupported: NOT_SERVED });
 E('cache_prompt', bool, true, { unsupported: NOT_SERVED });

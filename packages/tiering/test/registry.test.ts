@@ -55,6 +55,10 @@ const GROUPS: Record<string, () => string[]> = {
 /** Fields the registry holds beyond the seed lists, with the tier each gets and why. */
 const EXTRAS: Record<string, Tier> = {
   state_chunk_size: 'T1', // seed 001's wire example and its legacy payload
+  // COMBINE failover settings (issue 22): read at the next peer loss, so a CONFIGURE reloads nothing.
+  failover_policy: 'T1',
+  peer_rejoin: 'T1',
+  device_memory_cap: 'T1',
   'model.url': 'T3', // common_params_model sub-struct fields of `model`
   'model.hf_repo': 'T3',
   'model.hf_file': 'T3',
@@ -188,5 +192,26 @@ describe('fields the engine cannot honor', () => {
     const spec = FIELDS.filter((f) => f.key.startsWith('speculative.'));
     expect(spec.length).toBeGreaterThan(10);
     expect(spec.filter((f) => f.unsupported === undefined)).toEqual([]);
+  });
+});
+
+describe('COMBINE failover settings', () => {
+  it('failover_policy takes auto, solo, offload, none and refuses anything else by name', () => {
+    for (const v of ['auto', 'solo', 'offload', 'none'])
+      expect(plan(defaults(), { failover_policy: v }).paramsApplied).toEqual({ failover_policy: v });
+    expect(defaults().failover_policy).toBe('auto');
+    expect(() => plan(defaults(), { failover_policy: 'reload' })).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_VALUE', keys: ['failover_policy'] }),
+    );
+  });
+
+  it('device_memory_cap items are NAME=MiB with a positive MiB', () => {
+    const r = plan(defaults(), { device_memory_cap: ['CPU=512', 'CUDA0=12288'] });
+    expect(r.tier).toBe('T1');
+    expect(r.rebuild).toBe('none');
+    for (const bad of ['CPU', 'CPU=0', 'CPU=-1', 'CPU=1.5', '=5', 'C PU=5'])
+      expect(() => plan(defaults(), { device_memory_cap: [bad] })).toThrow(
+        expect.objectContaining({ code: 'HYDRA_ERR_BAD_VALUE' }),
+      );
   });
 });
