@@ -4,6 +4,14 @@ import { ModelRegistry } from '@hydra-engine/resolver';
 import { ConfigLayers, normalize, type Params } from '@hydra-engine/tiering';
 import { parse as parseYaml } from 'yaml';
 import { HydraError } from './errors.js';
+import {
+  ENV_BY_KEY,
+  envBool,
+  flagGroup,
+  HELP_GROUPS,
+  LLAMA_FLAGS,
+  UNSUPPORTED_FLAGS,
+} from './llama-flags.js';
 
 /** Engine settings that are not llama.cpp `common_params` fields. */
 export interface ServeSettings {
@@ -79,6 +87,10 @@ export interface ServeSettings {
   corsMethods: string;
   corsHeaders: string;
   corsCredentials: boolean;
+  /** `--cache-prompt` (default) / `--no-cache-prompt`: a request's `cache_prompt` when it sends none. */
+  cachePrompt: boolean;
+  /** `--chat-template` / `--chat-template-file`: the template instead of the model's. */
+  chatTemplate: string | undefined;
 }
 
 export interface ServeArgs {
@@ -89,8 +101,9 @@ export interface ServeArgs {
   version: boolean;
 }
 
-type Kind = 'string' | 'int' | 'number' | 'list' | 'numbers' | 'flag' | 'repeat';
-interface FlagSpec {
+type Kind = 'string' | 'int' | 'number' | 'list' | 'numbers' | 'flag' | 'repeat' | 'file' | 'bias';
+/** One flag: its names, the registry key (or `@setting`) it sets, how its value reads. */
+export interface FlagSpec {
   names: string[];
   key: string;
   kind: Kind;
@@ -98,6 +111,8 @@ interface FlagSpec {
   /** Value of a flag given without one (`-fa`). */
   bare?: unknown;
   values?: string[];
+  /** List separator (default `,`). */
+  split?: string;
 }
 
 /** llama.cpp's flag names where they exist, mapped to common_params keys (tiering registry). */
@@ -494,13 +509,23 @@ export const FLAGS: FlagSpec[] = [
     kind: 'string',
     help: 'also write every log line (JSON) to this file',
   },
+  ...LLAMA_FLAGS,
   { names: ['-h', '--help'], key: '@help', kind: 'flag', bare: true, help: 'this help' },
   { names: ['--version'], key: '@version', kind: 'flag', bare: true, help: 'print the version' },
 ];
 
 /** Help text for `hydra-engine [serve]`. */
 export function usage(): string {
-  const rows = FLAGS.map((f) => `  ${f.names.join(', ').padEnd(34)} ${f.help}`);
+  const envOf = (f: FlagSpec) => ENV_BY_KEY[f.key]?.replace(/^!/, '');
+  const rows = HELP_GROUPS.flatMap(([group, title]) => [
+    '',
+    title,
+    ...FLAGS.filter((f) => flagGroup(f) === group).map((f) => {
+      const env = f.bare === false ? undefined : envOf(f);
+      return `  ${f.names.join(', ').padEnd(34)} ${f.help}${env ? ` (env: ${env})` : ''}`;
+    }),
+  ]);
+  const refused = UNSUPPORTED_FLAGS.map((f) => f.names.join(', ')).join(' ');
   return [
     'usage: hydra-engine [serve] [flags]',
     '       hydra-engine synth-model --out FILE [--arch ..] [--shape ..] [--quant ..] [--seed N]',
@@ -508,8 +533,10 @@ export function usage(): string {
     '       hydra-engine bench-client --url URL [--requests N] [--concurrency N] [--max-tokens N]',
     '       hydra-engine demo',
     '',
-    'flags (llama.cpp names; also --flag=value):',
+    'flags (llama-server names; also --flag=value; LLAMA_ARG_* variables apply when a flag is not given):',
     ...rows,
+    '',
+    `not supported yet (exit 2): ${refused}`,
   ].join('\n');
 }
 
@@ -520,6 +547,9 @@ function bad(flag: string, message: string): HydraError {
 function convert(spec: FlagSpec, flag: string, raw: string): unknown {
   switch (spec.kind) {
     case 'int': {
+      // llama-server's words: -ngl auto|all, -np auto.
+      if (spec.key === 'n_gpu_layers' && (raw === 'auto' || raw === 'all')) return raw === 'auto' ? -1 : -2;
+      if (spec.key === 'n_parallel' && raw === 'auto') return -1;
       if (!/^-?\d+$/.test(raw)) throw bad(flag, `${flag} needs an integer, got ${JSON.stringify(raw)}`);
       return Number(raw);
     }
@@ -533,7 +563,19 @@ function convert(spec: FlagSpec, flag: string, raw: string): unknown {
       return raw.split(/[,/]/).map((s) => convert({ ...spec, kind: 'number' }, flag, s));
     case 'list':
     case 'repeat':
-      return raw.split(',').filter((s) => s.length > 0);
+      return raw.split(spec.split ?? ',').filter((s) => s.length > 0);
+    case 'file':
+      try {
+        return readFileSync(raw, 'utf8');
+      } catch (err) {
+        throw bad(flag, `${flag}: cannot read ${raw}: ${(err as Error).message}`);
+      }
+    case 'bias': {
+      // llama-server's TOKEN_ID(+|-)BIAS.
+      const m = /^(\d+)([+-](?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)$/.exec(raw);
+      if (!m) throw bad(flag, `${flag} needs TOKEN_ID+BIAS or TOKEN_ID-BIAS, got ${JSON.stringify(raw)}`);
+      return { [m[1]!]: Number(m[2]) };
+    }
     default:
       if (spec.values && !spec.values.includes(raw)) {
         throw bad(flag, `${flag} must be one of ${spec.values.join(', ')}, got ${JSON.stringify(raw)}`);
@@ -543,13 +585,18 @@ function convert(spec: FlagSpec, flag: string, raw: string): unknown {
 }
 
 /** Parses flags into raw values keyed by field key (`@`-keys are engine settings). */
-export function parseFlags(argv: readonly string[]): Map<string, unknown> {
+export function parseFlags(
+  argv: readonly string[],
+  env: Readonly<Record<string, string | undefined>> = {},
+): Map<string, unknown> {
   const out = new Map<string, unknown>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
     const name = eq > 0 ? arg.slice(0, eq) : arg;
     const spec = FLAGS.find((f) => f.names.includes(name));
+    const refused = spec ? undefined : UNSUPPORTED_FLAGS.find((f) => f.names.includes(name));
+    if (refused) throw bad(name, `${name} is not supported yet: ${refused.why}`);
     if (!spec)
       throw bad(
         name,
@@ -577,14 +624,41 @@ export function parseFlags(argv: readonly string[]): Map<string, unknown> {
         value = spec.bare;
       } else value = convert(spec, name, raw);
     }
+    if (spec.key === '@same') continue;
     if (spec.kind === 'repeat') {
       out.set(spec.key, [...((out.get(spec.key) as string[]) ?? []), ...(value as string[])]);
+    } else if (spec.kind === 'bias') {
+      out.set(spec.key, { ...((out.get(spec.key) as object) ?? {}), ...(value as object) });
     } else {
       if (out.has(spec.key)) throw bad(name, `${name} given twice`);
       out.set(spec.key, value);
     }
   }
+  readEnv(out, env);
   return out;
+}
+
+// llama-server's LLAMA_ARG_* variables: a flag on the command line wins; a variable of a feature
+// that does not exist yet is refused as its flag is (a falsy one asks for what already runs).
+function readEnv(out: Map<string, unknown>, env: Readonly<Record<string, string | undefined>>): void {
+  for (const f of UNSUPPORTED_FLAGS) {
+    const raw = f.env !== undefined ? env[f.env] : undefined;
+    if (raw === undefined || raw === '' || (!f.takesValue && envBool(raw) === false)) continue;
+    throw bad(f.env!, `${f.env} (${f.names.at(-1)}) is not supported yet: ${f.why}`);
+  }
+  for (const [key, named] of Object.entries(ENV_BY_KEY)) {
+    const inverted = named.startsWith('!');
+    const name = inverted ? named.slice(1) : named;
+    const raw = env[name];
+    if (raw === undefined || out.has(key)) continue;
+    const spec = FLAGS.find((f) => f.key === key && f.bare !== false) ?? FLAGS.find((f) => f.key === key)!;
+    if (spec.kind === 'flag') {
+      const on = envBool(raw);
+      if (on === undefined)
+        throw bad(name, `${name} must be true|false|1|0|on|off|enabled|disabled, got ${JSON.stringify(raw)}`);
+      out.set(key, inverted ? !on : on);
+    } else out.set(key, convert(spec, name, raw));
+  }
 }
 
 function configError(file: string, message: string, cause?: unknown): HydraError {
@@ -715,6 +789,10 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   cors_headers: 'corsHeaders',
   '@corsCredentials': 'corsCredentials',
   cors_credentials: 'corsCredentials',
+  '@cachePrompt': 'cachePrompt',
+  cache_prompt: 'cachePrompt',
+  '@chatTemplate': 'chatTemplate',
+  chat_template: 'chatTemplate',
   '@rpcLimits': 'rpcLimits',
   rpc_limits: 'rpcLimits',
 };
@@ -765,12 +843,13 @@ function parseRpcLimits(value: unknown, where: string, key: string): Record<stri
 
 /** Settings that are strings or booleans (aliases is a list; most others are integers). */
 const STRING_SETTINGS = new Set<keyof ServeSettings>([
+  'chatTemplate',
   'slotSavePath',
   'corsOrigins',
   'corsMethods',
   'corsHeaders',
 ]);
-const BOOL_SETTINGS = new Set<keyof ServeSettings>(['slotsEndpoint', 'corsCredentials']);
+const BOOL_SETTINGS = new Set<keyof ServeSettings>(['slotsEndpoint', 'corsCredentials', 'cachePrompt']);
 
 /** Settings that take one of a few words. */
 const OPERATION_CHOICES: Partial<Record<keyof ServeSettings, readonly string[]>> = {
@@ -815,8 +894,11 @@ function readApiKeyFile(file: unknown, where: string, key: string): string[] {
  * (CLI flags win over the file) and the engine's own settings. Every error is a HydraError with
  * `HYDRA_ERR_BAD_ARGUMENT` or `HYDRA_ERR_CONFIG_INVALID` (the CLI exits 2 on both).
  */
-export function parseServeArgs(argv: readonly string[]): ServeArgs {
-  const flags = parseFlags(argv);
+export function parseServeArgs(
+  argv: readonly string[],
+  env: Readonly<Record<string, string | undefined>> = process.env,
+): ServeArgs {
+  const flags = parseFlags(argv, env);
   const settings: ServeSettings = {
     maxQueue: 64,
     keepUpOnLoadFailure: false,
@@ -857,6 +939,8 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     corsMethods: 'GET, POST, DELETE, OPTIONS',
     corsHeaders: '*',
     corsCredentials: true,
+    cachePrompt: true,
+    chatTemplate: undefined,
     rpcLimits: {},
   };
   const file = flags.get('@config') as string | undefined;
@@ -953,6 +1037,11 @@ export function parseServeArgs(argv: readonly string[]): ServeArgs {
     if (k === '@config' || k === '@help' || k === '@version') continue;
     if (k.startsWith('@')) applySetting(k, v, 'flags');
     else fromCli[k] = v;
+  }
+  // llama-server's -np auto: 4 slots over one unified KV buffer.
+  if (fromCli.n_parallel === -1) {
+    fromCli.n_parallel = 4;
+    fromCli.kv_unified ??= true;
   }
   let cli: Params;
   try {

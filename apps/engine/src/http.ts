@@ -49,6 +49,10 @@ export interface HttpOptions {
   cors?: CorsOptions;
   /** `/props` `build_info`. */
   build?: string;
+  /** A request's `cache_prompt` when it sends none (llama-server's `--cache-prompt`, default true). */
+  cachePrompt?: boolean;
+  /** `--chat-template(-file)`: rendered instead of the model's template (llama.cpp's legacy renderer). */
+  chatTemplate?: string;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
 }
@@ -308,6 +312,7 @@ export class HttpApi {
       promptByteLimit: () => this.#promptByteLimit(),
       messageLimit: () => this.#messageLimit(),
       build: options.build ?? 'hydra-engine',
+      ...(options.chatTemplate !== undefined ? { chatTemplate: options.chatTemplate } : {}),
     });
     this.#server = createServer(
       // Node closes connections past their header or request deadline only when it checks: every
@@ -694,7 +699,9 @@ export class HttpApi {
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
         const t = prepared.chat
-          ? await engine.chatTokensAsync(prepared.chat.packed)
+          ? await (this.#opts.chatTemplate === undefined
+              ? engine.chatTokensAsync(prepared.chat.packed)
+              : engine.model!.tokenizeChatAsync(prepared.chat.packed, { template: this.#opts.chatTemplate }))
           : await engine.tokenizeAsync(promptText);
         if (engine.model === model) tokens = t;
       }
@@ -795,7 +802,7 @@ export class HttpApi {
       ...(nativeToken ? { onToken: nativeToken } : {}),
       ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
       // On by default, as llama-server: a request that shares a slot's prefix skips its prefill.
-      ...(body.cache_prompt !== false ? { cachePrompt: true } : {}),
+      ...((body.cache_prompt ?? this.#opts.cachePrompt ?? true) === true ? { cachePrompt: true } : {}),
     });
     let result: GenerationResult;
     try {

@@ -161,6 +161,8 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       credentials: args.settings.corsCredentials,
     },
     build: `hydra-engine ${ENGINE_VERSION}`,
+    cachePrompt: args.settings.cachePrompt,
+    ...(args.settings.chatTemplate !== undefined ? { chatTemplate: args.settings.chatTemplate } : {}),
   });
   const host = t4.host as string;
   const address = await http.listen(t4.port as number, host);

@@ -22,6 +22,8 @@ export interface LlamaRouteOptions {
   promptByteLimit: () => number;
   messageLimit: () => number;
   build: string;
+  /** `--chat-template(-file)`: rendered instead of the model's template. */
+  chatTemplate?: string;
 }
 
 type Send = (status: number, body: unknown) => void;
@@ -244,7 +246,13 @@ export class LlamaRoutes {
         },
       );
     engine.assertReady();
-    return { prompt: await engine.chatPromptAsync(prepared.chat!.packed) };
+    const template = this.#o.chatTemplate;
+    const packed = prepared.chat!.packed;
+    return {
+      prompt: await (template === undefined
+        ? engine.chatPromptAsync(packed)
+        : engine.model!.applyChatTemplateAsync(packed, { template })),
+    };
   }
 
   /** `GET /props`: llama-server's global properties. */
