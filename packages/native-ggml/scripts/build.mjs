@@ -8,6 +8,7 @@ import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runWithProgress } from './progress.mjs';
 import { prepareUpstream } from './upstream.mjs';
 
 const pkgDir = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -47,15 +48,19 @@ const cmakeJs = join(dirname(require.resolve('cmake-js/package.json')), 'bin', '
 const started = Date.now();
 console.error(`hydra native-ggml: building ${cuda ? 'CUDA' : 'CPU'} into ${outDir} with ${jobs} jobs`);
 // configure every time (cheap) so that changed options reach the cache; then an incremental build.
-for (const step of [
-  ['configure', ...defines],
-  ['build', '--parallel', jobs],
-]) {
-  execFileSync(process.execPath, [cmakeJs, step[0], '--out', outDir, ...step.slice(1)], {
-    cwd: pkgDir,
-    stdio: 'inherit',
-  });
-}
+execFileSync(process.execPath, [cmakeJs, 'configure', '--out', outDir, ...defines], {
+  cwd: pkgDir,
+  stdio: 'inherit',
+});
+// A progress line every HYDRA_BUILD_PROGRESS_S seconds (default 30): a cold CUDA build takes minutes.
+await runWithProgress(process.execPath, [cmakeJs, 'build', '--out', outDir, '--parallel', jobs], {
+  cwd: pkgDir,
+  label: 'hydra native-ggml: building',
+  intervalMs: 1000 * (Number(process.env.HYDRA_BUILD_PROGRESS_S) || 30),
+}).catch((err) => {
+  console.error(err.message);
+  process.exit(1);
+});
 const addon = join(outDir, 'bin', 'hydra_ggml.node');
 if (!existsSync(addon)) {
   console.error(`hydra native-ggml: the build finished but ${addon} is missing`);
