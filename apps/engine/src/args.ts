@@ -525,7 +525,7 @@ export function usage(): string {
       return `  ${f.names.join(', ').padEnd(34)} ${f.help}${env ? ` (env: ${env})` : ''}`;
     }),
   ]);
-  const refused = UNSUPPORTED_FLAGS.map((f) => f.names.join(', ')).join(' ');
+  const refused = UNSUPPORTED_FLAGS.map((f) => f.names.join(', ')).join(' | ');
   return [
     'usage: hydra-engine [serve] [flags]',
     '       hydra-engine synth-model --out FILE [--arch ..] [--shape ..] [--quant ..] [--seed N]',

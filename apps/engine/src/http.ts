@@ -197,6 +197,44 @@ function badRequest(message: string, key?: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_REQUEST', message, key ? { keys: [key] } : {});
 }
 
+/** llama-server's `timings` of a native answer (server_slot_stats::to_json). */
+function nativeTimings(
+  result: GenerationResult,
+  promptMs: number,
+  predictedMs: number,
+): Record<string, number> {
+  const promptN = result.promptTokens - result.cachedTokens;
+  const n = result.completionTokens;
+  return {
+    cache_n: result.cachedTokens,
+    prompt_n: promptN,
+    prompt_ms: promptMs,
+    prompt_per_token_ms: promptN > 0 ? promptMs / promptN : 0,
+    prompt_per_second: promptMs > 0 ? (1000 * promptN) / promptMs : 0,
+    predicted_n: n,
+    predicted_ms: predictedMs,
+    predicted_per_token_ms: n > 0 ? predictedMs / n : 0,
+    predicted_per_second: predictedMs > 0 ? (1000 * n) / predictedMs : 0,
+  };
+}
+
+/** llama-server's `response_fields` (json_get_nested_values): only those paths, `a/b` keyed as given. */
+function pickFields(fields: unknown, answer: Record<string, unknown>): Record<string, unknown> {
+  if (!Array.isArray(fields) || fields.length === 0) return answer;
+  const out: Record<string, unknown> = {};
+  for (const path of fields as string[]) {
+    let at: unknown = answer;
+    let found = true;
+    for (const k of path.split('/')) {
+      if (found && typeof at === 'object' && at !== null && !Array.isArray(at) && k in at)
+        at = (at as Record<string, unknown>)[k];
+      else found = false;
+    }
+    if (found) out[path] = at;
+  }
+  return out;
+}
+
 /** Validates a request's T1 settings (see request-params.ts) and merges them over the configuration in force. */
 export function generationParams(engine: Engine, body: Record<string, unknown>): GenerationParams {
   const settings = requestSettings(body, engine.layers.effective());
@@ -589,7 +627,12 @@ export class HttpApi {
   ): Record<string, unknown> {
     const m = this.#opts.engine.model;
     const full = m ? Buffer.concat(result.tokens.map((t) => m.tokenBytes(t))).toString('utf8') : result.text;
-    const settings = requestSettings(body, this.#opts.engine.layers.effective()).effective;
+    // The request's settings once more, for their names (already validated; the grammar fields are
+    // taken from the sampler, which holds the converted grammar).
+    const { json_schema: _j, response_format: _r, ...plain } = body;
+    const settings = requestSettings(plain, this.#opts.engine.layers.effective()).effective;
+    const grammar = (params.sampler as { grammar?: string }).grammar;
+    if (grammar !== undefined) settings['sampling.grammar'] = grammar;
     const nCtx = this.#opts.engine.slots.nCtxSeq;
     return {
       index: 0,
@@ -671,6 +714,15 @@ export class HttpApi {
     const stream = body.stream === true;
     if (body.stream !== undefined && typeof body.stream !== 'boolean')
       throw badRequest('stream must be a boolean', 'stream');
+    const fields = body.response_fields;
+    if (fields !== undefined && fields !== null) {
+      if (!native)
+        throw new HydraError('HYDRA_ERR_UNSUPPORTED_FIELD', 'response_fields is for /completion only', {
+          keys: ['response_fields'],
+        });
+      if (!Array.isArray(fields) || !fields.every((f) => typeof f === 'string'))
+        throw badRequest('response_fields must be an array of strings', 'response_fields');
+    }
     let promptText = '';
     if (prepared.chat) this.#checkPromptBytes(prepared.chat.bytes, 'messages');
     else if (!prepared.tokens) {
@@ -786,14 +838,20 @@ export class HttpApi {
           rec.ttftMs ??= lastToken;
         }
       : undefined;
-    const nativeToken =
-      stream && native
-        ? (t: number) => {
+    // llama-server's timings, seen from here: the prompt from submission (queue wait included) to
+    // the first token, generation from there to the end.
+    const submitted = performance.now();
+    let firstToken: number | undefined;
+    const nativeToken = native
+      ? (t: number) => {
+          firstToken ??= performance.now();
+          if (stream) {
             pendingTokens.push(t);
             predicted++;
-            onToken?.();
           }
-        : undefined;
+          onToken?.();
+        }
+      : undefined;
     // Admission errors throw here, before any byte of the response.
     const pending = engine.submit(prompt, params, {
       signal: abort.signal,
@@ -840,7 +898,12 @@ export class HttpApi {
     };
     const headers = { 'x-hydra-config-epoch': String(result.epoch) };
     if (native) {
-      const final = this.#nativeFinal(body, params, prompt, result, model, stream);
+      const ended = performance.now();
+      const timings = nativeTimings(result, (firstToken ?? ended) - submitted, ended - (firstToken ?? ended));
+      const final = pickFields(body.response_fields, {
+        ...this.#nativeFinal(body, params, prompt, result, model, stream),
+        timings,
+      });
       if (stream) {
         if (!res.headersSent)
           res.writeHead(200, {

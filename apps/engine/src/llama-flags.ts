@@ -465,7 +465,8 @@ export const ENV_BY_KEY: Readonly<Record<string, string>> = {
 export function flagGroup(spec: FlagSpec): 'common' | 'sampling' | 'server' | 'hydra' {
   if (spec.key.startsWith('sampling.') || spec.key === 'seed') return 'sampling';
   if (SERVER_KEYS.has(spec.key)) return 'server';
-  if (spec.key.startsWith('@')) return 'hydra';
+  if (spec.key.startsWith('@') || spec.key === 'rpc_port' || spec.key === 'control_allow_from')
+    return 'hydra';
   return 'common';
 }
 

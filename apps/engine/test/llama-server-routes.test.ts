@@ -171,6 +171,37 @@ describe('llama-server routes in its shapes', () => {
     expect(noTokens.json.tokens).toEqual([]);
   });
 
+  it('native timings and response_fields as llama-server', async () => {
+    const prompt = 'timings and fields';
+    const r = await post('/completion', { prompt, ...greedy });
+    expect(Object.keys(r.json.timings)).toEqual([
+      'cache_n',
+      'prompt_n',
+      'prompt_ms',
+      'prompt_per_token_ms',
+      'prompt_per_second',
+      'predicted_n',
+      'predicted_ms',
+      'predicted_per_token_ms',
+      'predicted_per_second',
+    ]);
+    expect(r.json.timings.predicted_n).toBe(10);
+    expect(r.json.timings.prompt_n + r.json.timings.cache_n).toBe(r.json.tokens_evaluated);
+    expect(r.json.timings.predicted_per_second).toBeGreaterThan(0);
+    const picked = await post('/completion', {
+      prompt,
+      ...greedy,
+      response_fields: ['content', 'generation_settings/n_predict', 'nothing/here'],
+    });
+    expect(picked.json).toEqual({ content: r.json.content, 'generation_settings/n_predict': 10 });
+    const bad = await post('/completion', { prompt, response_fields: 'content' });
+    expect(bad.status).toBe(400);
+    expect(bad.json.error.keys).toEqual(['response_fields']);
+    const oai = await post('/v1/completions', { prompt, response_fields: ['content'] });
+    expect(oai.status).toBe(400);
+    expect(oai.json.error.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+  });
+
   it('native stop_type: word with the stopping word, eos at an end of generation', async () => {
     const prompt = 'stop words here';
     const base = await post('/completion', { prompt, ...greedy, n_predict: 12 });
