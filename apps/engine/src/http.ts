@@ -2,6 +2,7 @@ import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { Allowlist } from '@hydra-engine/hydra-rpc';
+import { jsonSchemaToGrammar } from '@hydra-engine/native-ggml';
 import { BodyParser, type PreparedBody } from './body.js';
 import type { Engine, GenerationParams, GenerationResult } from './engine.js';
 import { HydraError } from './errors.js';
@@ -237,8 +238,8 @@ function pickFields(fields: unknown, answer: Record<string, unknown>): Record<st
 
 /** Validates a request's T1 settings (see request-params.ts) and merges them over the configuration in force. */
 export function generationParams(engine: Engine, body: Record<string, unknown>): GenerationParams {
-  const settings = requestSettings(body, engine.layers.effective());
-  if (engine.model) checkSampler(engine.model, settings.sampler);
+  const settings = requestSettings(body, engine.layers.effective(), { jsonSchemaToGrammar });
+  if (engine.model) checkSampler(engine.model, settings.sampler, settings.fields);
   let stop: string[] = [];
   if (typeof body.stop === 'string') stop = [body.stop];
   else if (Array.isArray(body.stop)) {

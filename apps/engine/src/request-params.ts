@@ -58,14 +58,6 @@ const emptyList = (v: unknown) => Array.isArray(v) && v.length === 0;
  */
 export const REFUSED_FIELDS: Readonly<Record<string, { neutral: (v: unknown) => boolean; why: string }>> =
   Object.freeze({
-    response_format: {
-      neutral: (v) => isObject(v) && v.type === 'text',
-      why: 'structured output (json_object, json_schema) is not implemented; send a GBNF grammar',
-    },
-    json_schema: {
-      neutral: () => false,
-      why: 'JSON-schema-to-grammar conversion is not implemented; send a GBNF grammar',
-    },
     tools: { neutral: emptyList, why: 'tool calls are not implemented' },
     tool_choice: { neutral: (v) => v === 'none' || v === 'auto', why: 'tool calls are not implemented' },
     functions: { neutral: emptyList, why: 'function calls are not implemented' },
@@ -184,6 +176,57 @@ function logitBiasFrom(v: unknown): Record<string, number> {
   return out;
 }
 
+/** What {@link requestSettings} needs from outside: the native schema converter. */
+export interface RequestOptions {
+  /** GBNF for a JSON schema (native-ggml's jsonSchemaToGrammar); without it schemas are refused. */
+  jsonSchemaToGrammar?: (schema: unknown) => string;
+}
+
+/**
+ * The grammar a request's `json_schema`, or `response_format` of type `json_object` (its optional
+ * `schema`, else any JSON value, as llama-server does) or `json_schema` (`json_schema.schema`),
+ * asks for; undefined when it asks for none.
+ */
+function schemaGrammar(
+  body: Record<string, unknown>,
+  options: RequestOptions,
+): { field: string; grammar: string } | undefined {
+  let field: string;
+  let schema: unknown;
+  if (body.json_schema !== undefined && body.json_schema !== null) {
+    field = 'json_schema';
+    schema = body.json_schema;
+  } else {
+    const rf = body.response_format;
+    if (rf === undefined || rf === null) return undefined;
+    field = 'response_format';
+    if (!isObject(rf)) throw badValue('response_format must be an object with a type', field);
+    if (rf.type === 'text') return undefined;
+    if (rf.type === 'json_object') schema = rf.schema ?? {};
+    else if (rf.type === 'json_schema') {
+      schema = isObject(rf.json_schema) ? rf.json_schema.schema : undefined;
+      if (schema === undefined) throw badValue('response_format.json_schema.schema is required', field);
+    } else throw badValue('response_format.type must be text, json_object or json_schema', field);
+  }
+  if (!isObject(schema) && typeof schema !== 'boolean')
+    throw badValue(`${field}: a JSON schema is an object`, field);
+  if (body.grammar !== undefined && body.grammar !== null)
+    throw badValue(`grammar and ${field} cannot both be set`, field);
+  const convert = options.jsonSchemaToGrammar;
+  if (!convert)
+    throw new HydraError('HYDRA_ERR_UNSUPPORTED_FIELD', `${field}: no JSON schema converter`, {
+      keys: [field],
+    });
+  try {
+    return { field, grammar: convert(schema) };
+  } catch (err) {
+    throw new HydraError('HYDRA_ERR_BAD_VALUE', `${field}: ${(err as Error).message}`, {
+      keys: [field],
+      cause: err,
+    });
+  }
+}
+
 /** A request's validated T1 settings. */
 export interface RequestSettings {
   /** The request's own T1 keys, canonical and normalized (what it overrides). */
@@ -194,16 +237,23 @@ export interface RequestSettings {
   /** `n_predict` in force; -1 (and -2) mean no limit but the context. */
   nPredict: number;
   ignoreEos: boolean;
+  /** The request fields that set the grammar, the biases and the stage order, for error messages. */
+  fields: { grammar: string; logit_bias: string; samplers: string };
 }
 
 /**
  * Reads a request body's T1 fields over `inForce` (the configuration in force). Applies nothing.
  *
  * @throws HydraError `HYDRA_ERR_UNSUPPORTED_FIELD` (a refused field, or a registry key the engine
- *   does not honor, such as `n_probs`) or `HYDRA_ERR_BAD_VALUE` (wrong type or out of range), with
+ *   does not honor, such as `n_probs`) or `HYDRA_ERR_BAD_VALUE` (wrong type or out of range, a
+ *   schema the converter refuses, a grammar next to a schema), with
  *   `keys` naming every offending field as the request spelled it.
  */
-export function requestSettings(body: Record<string, unknown>, inForce: Params): RequestSettings {
+export function requestSettings(
+  body: Record<string, unknown>,
+  inForce: Params,
+  options: RequestOptions = {},
+): RequestSettings {
   const refused = Object.keys(REFUSED_FIELDS).filter((f) => {
     const v = body[f];
     return v !== undefined && v !== null && !REFUSED_FIELDS[f]!.neutral(v);
@@ -231,6 +281,11 @@ export function requestSettings(body: Record<string, unknown>, inForce: Params):
     delta[key] = v;
     fieldOf.set(key, field);
   }
+  const schema = schemaGrammar(body, options);
+  if (schema) {
+    delta['sampling.grammar'] = schema.grammar;
+    fieldOf.set('sampling.grammar', schema.field);
+  }
   let t1: Params;
   try {
     t1 = normalize(delta);
@@ -247,6 +302,11 @@ export function requestSettings(body: Record<string, unknown>, inForce: Params):
     sampler: samplerParamsFrom(effective),
     nPredict: effective.n_predict as number,
     ignoreEos: effective['sampling.ignore_eos'] as boolean,
+    fields: {
+      grammar: fieldOf.get('sampling.grammar') ?? 'grammar',
+      logit_bias: 'logit_bias',
+      samplers: 'samplers',
+    },
   };
 }
 

@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
@@ -44,7 +44,12 @@ type Check =
       why: string;
     }
   /** An engine setting: checked end to end through CONFIGURE and the HTTP API below. */
-  | { kind: 'engine'; value: unknown };
+  | { kind: 'engine'; value: unknown }
+  /**
+   * An engine setting whose effect another test file asserts (a feature with its own harness, such
+   * as COMBINE failover): that file must exist and hold a test whose name contains `test`.
+   */
+  | { kind: 'covered'; file: string; test: string };
 
 const warm = { 'sampling.temp': 1, seed: 1 };
 const greedy = { 'sampling.temp': 0 };
@@ -372,6 +377,14 @@ describe('every registry key takes effect or is refused', () => {
     });
   });
 
+  it('names, for each key whose effect another test asserts, a test that exists', () => {
+    for (const [key, check] of rows('covered')) {
+      const c = check as Extract<Check, { kind: 'covered' }>;
+      const text = readFileSync(new URL(c.file, import.meta.url), 'utf8');
+      expect([key, text.includes(c.test)]).toEqual([key, true]);
+    }
+  });
+
   describe('keys with no effect visible on a CPU host', () => {
     it.each(rows('passed'))('%s reaches llama.cpp and is accepted there', async (key, check) => {
       const c = check as Extract<Check, { kind: 'passed' }>;
@@ -488,14 +501,39 @@ describe('per-request fields and refusals at every door', () => {
     expect(reordered.json.choices[0].tokens).not.toEqual(plain.json.choices[0].tokens);
   });
 
+  it('json_schema and response_format constrain the completion to the schema', async () => {
+    const schema = { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] };
+    for (const body of [
+      { json_schema: schema },
+      { response_format: { type: 'json_schema', json_schema: { name: 'x', schema } } },
+    ]) {
+      const r = await ask({ ...body, max_tokens: 64 });
+      expect(r.status).toBe(200);
+      expect(r.json.choices[0].finish_reason).toBe('stop');
+      expect(Object.keys(JSON.parse(r.json.choices[0].text))).toEqual(['a']);
+    }
+    const any = await ask({ response_format: { type: 'json_object' }, max_tokens: 64 });
+    expect(any.status).toBe(200);
+    const text: string = any.json.choices[0].text;
+    // Any JSON value (llama-server's json_object): complete when the grammar ended the completion.
+    if (any.json.choices[0].finish_reason === 'stop') expect(() => JSON.parse(text)).not.toThrow();
+    expect(text).not.toEqual((await ask({ max_tokens: 64 })).json.choices[0].text);
+  });
+
   it.each([
     [{ grammar: 'root ::= (' }, 'HYDRA_ERR_BAD_VALUE', ['grammar']],
     [{ logit_bias: [[5000, 1]] }, 'HYDRA_ERR_BAD_VALUE', ['logit_bias']],
     [{ mirostat: 7 }, 'HYDRA_ERR_BAD_VALUE', ['mirostat']],
     [{ logprobs: true }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['logprobs']],
     [{ n_probs: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['n_probs']],
-    [{ response_format: { type: 'json_object' } }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['response_format']],
-    [{ json_schema: { type: 'object' } }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['json_schema']],
+    [{ json_schema: { type: 'frob' } }, 'HYDRA_ERR_BAD_VALUE', ['json_schema']],
+    [
+      { response_format: { type: 'json_schema', json_schema: {} } },
+      'HYDRA_ERR_BAD_VALUE',
+      ['response_format'],
+    ],
+    [{ json_schema: { type: 'object' }, grammar: 'root ::= "a"' }, 'HYDRA_ERR_BAD_VALUE', ['json_schema']],
+    [{ tools: [{ type: 'function', function: { name: 'f' } }] }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['tools']],
   ] as const)('%j is a 400 %s naming the field', async (body, code, keys) => {
     const r = await ask(body);
     expect([r.status, r.json.error.code, r.json.error.keys]).toEqual([400, code, keys]);

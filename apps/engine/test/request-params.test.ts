@@ -72,7 +72,7 @@ describe('requestSettings', () => {
   });
 
   it.each(Object.keys(REFUSED_FIELDS))('refuses %s with a value that would change the reply', (field) => {
-    const value = field === 'response_format' ? { type: 'json_object' } : field === 'n' ? 2 : ['x'];
+    const value = field === 'n' ? 2 : ['x'];
     const weird = [
       'logprobs',
       'echo',
@@ -83,7 +83,7 @@ describe('requestSettings', () => {
       ? true
       : ['top_logprobs', 'n_indent', 'n_keep', 'best_of'].includes(field)
         ? 3
-        : field === 'suffix' || field === 'json_schema'
+        : field === 'suffix'
           ? 'x'
           : field === 'tool_choice' || field === 'function_call'
             ? 'required'
@@ -146,7 +146,13 @@ describe('requestSettings', () => {
   });
 
   it('never throws anything but a HydraError with the offending fields named', () => {
-    const fields = [...Object.keys(REQUEST_FIELDS), ...Object.keys(REFUSED_FIELDS), 'prompt', 'stream'];
+    const fields = [
+      ...Object.keys(REQUEST_FIELDS),
+      ...Object.keys(REFUSED_FIELDS),
+      'json_schema',
+      'response_format',
+      'prompt',
+    ];
     fc.assert(
       fc.property(fc.dictionary(fc.constantFrom(...fields), fc.jsonValue(), { maxKeys: 6 }), (body) => {
         try {
@@ -160,6 +166,61 @@ describe('requestSettings', () => {
       }),
       { numRuns: 500 },
     );
+  });
+});
+
+describe('requestSettings with a JSON schema converter', () => {
+  const seen: unknown[] = [];
+  const convert = (schema: unknown) => {
+    seen.push(schema);
+    if ((schema as { type?: string }).type === 'frob') throw new Error('Unrecognized schema');
+    return `root ::= ${JSON.stringify(JSON.stringify(schema))}`;
+  };
+  const schema = { type: 'object', properties: { a: { type: 'integer' } } };
+
+  it.each([
+    [{ json_schema: schema }, schema, 'json_schema'],
+    [
+      { response_format: { type: 'json_schema', json_schema: { name: 'n', schema } } },
+      schema,
+      'response_format',
+    ],
+    [{ response_format: { type: 'json_object' } }, {}, 'response_format'],
+    [{ response_format: { type: 'json_object', schema } }, schema, 'response_format'],
+  ] as const)('%j becomes the grammar of %j', (body, want, field) => {
+    seen.length = 0;
+    const r = requestSettings(body as Record<string, unknown>, inForce, { jsonSchemaToGrammar: convert });
+    expect(seen).toEqual([want]);
+    expect(r.sampler.grammar).toBe(`root ::= ${JSON.stringify(JSON.stringify(want))}`);
+    expect(r.fields.grammar).toBe(field);
+  });
+
+  it('leaves the grammar alone for response_format text and a null schema', () => {
+    const r = requestSettings({ response_format: { type: 'text' }, json_schema: null }, inForce, {
+      jsonSchemaToGrammar: convert,
+    });
+    expect(r.sampler.grammar).toBeUndefined();
+  });
+
+  it.each([
+    [{ json_schema: { type: 'frob' } }, 'HYDRA_ERR_BAD_VALUE', 'json_schema'],
+    [{ json_schema: 'x' }, 'HYDRA_ERR_BAD_VALUE', 'json_schema'],
+    [{ json_schema: schema, grammar: 'root ::= "a"' }, 'HYDRA_ERR_BAD_VALUE', 'json_schema'],
+    [{ response_format: { type: 'xml' } }, 'HYDRA_ERR_BAD_VALUE', 'response_format'],
+    [{ response_format: 'json' }, 'HYDRA_ERR_BAD_VALUE', 'response_format'],
+    [{ response_format: { type: 'json_schema' } }, 'HYDRA_ERR_BAD_VALUE', 'response_format'],
+  ] as const)('%j is %s naming %s', (body, code, field) => {
+    const e = rejection(() =>
+      requestSettings(body as Record<string, unknown>, inForce, { jsonSchemaToGrammar: convert }),
+    );
+    expect([e.code, e.keys]).toEqual([code, [field]]);
+  });
+
+  it('refuses a schema when no converter is given, rather than ignoring it', () => {
+    expect(rejection(() => requestSettings({ json_schema: schema }, inForce))).toMatchObject({
+      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
+      keys: ['json_schema'],
+    });
   });
 });
 

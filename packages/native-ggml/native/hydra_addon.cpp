@@ -1392,6 +1392,28 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }
 
+std::string hydra_json_schema_to_grammar(const std::string & schema);  // hydra_json_schema.cpp
+
+// jsonSchemaToGrammar(schemaText) -> GBNF (common's json_schema_to_grammar); a schema text over 1 MiB
+// is refused before conversion, which runs on the calling thread like a grammar parse does.
+static Napi::Value json_schema_to_grammar_js(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsString()) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "jsonSchemaToGrammar needs the schema as JSON text");
+    }
+    std::string schema = info[0].As<Napi::String>().Utf8Value();
+    if (schema.size() > (1u << 20)) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "JSON schema over 1 MiB");
+    }
+    std::string grammar;
+    try {
+        grammar = hydra_json_schema_to_grammar(schema);
+    } catch (const std::exception & e) {
+        hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string("bad JSON schema: ") + e.what());
+    }
+    return Napi::String::New(env, grammar);
+}
+
 // samplerNames(sampler) -> the chain's stages as llama.cpp names them (llama_sampler_name)
 static Napi::Value sampler_names(const Napi::CallbackInfo & info) {
     hydra_sampler * s = hydra_handle_get<hydra_sampler>(info[0], "sampler");
@@ -1804,6 +1826,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("samplerFree", Napi::Function::New(env, sampler_free));
     exports.Set("samplerAccept", Napi::Function::New(env, sampler_accept));
     exports.Set("samplerNames", Napi::Function::New(env, sampler_names));
+    exports.Set("jsonSchemaToGrammar", Napi::Function::New(env, json_schema_to_grammar_js));
     exports.Set("decodeStep", Napi::Function::New(env, decode_step));
     exports.Set("memorySeqRm", Napi::Function::New(env, memory_seq_rm));
     exports.Set("memorySeqCp", Napi::Function::New(env, memory_seq_cp));

@@ -272,6 +272,8 @@ export interface NativeBinding {
   samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;
   /** The chain's stages as llama.cpp names them (llama_sampler_name). */
   samplerNames(sampler: SamplerHandle): string[];
+  /** GBNF for a JSON schema given as JSON text (common's json_schema_to_grammar). */
+  jsonSchemaToGrammar(schema: string): string;
   decodeStep(
     ctx: ContextHandle,
     entries: NativeDecodeEntry[],

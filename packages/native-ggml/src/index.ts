@@ -462,6 +462,17 @@ export function packChatMessages(messages: readonly { role: string; content: str
   }
 }
 
+/**
+ * The GBNF grammar (root rule `root`) that llama-server builds for a JSON schema, with the pinned
+ * llama.cpp's `json_schema_to_grammar`. A schema it cannot convert (or JSON text over 1 MiB) is
+ * HYDRA_ERR_BAD_ARGUMENT.
+ */
+export function jsonSchemaToGrammar(schema: unknown): string {
+  const text = JSON.stringify(schema);
+  if (text === undefined) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'a JSON schema must be JSON');
+  return call(() => native().jsonSchemaToGrammar(text));
+}
+
 /** A sampler chain for one sequence. */
 export class Sampler {
   readonly #binding: NativeBinding;
