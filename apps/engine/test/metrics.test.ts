@@ -1,7 +1,8 @@
 import { spawnSync } from 'node:child_process';
+import { connect, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freeLoopbackPort } from '../src/ports.js';
-import { engineWith, tinyModel } from './helpers.js';
+import { engineWith, tinyModel, waitFor } from './helpers.js';
 
 // Debian's `prometheus` package (scripts/test.sh installs it). Its absence fails the test.
 function promtool(text: string): { status: number | null; out: string } {
@@ -14,6 +15,24 @@ function value(text: string, series: string): number {
   const line = text.split('\n').find((l) => l.startsWith(`${series} `));
   if (line === undefined) throw new Error(`no ${series} in /metrics`);
   return Number(line.slice(series.length + 1));
+}
+
+// ggml-RPC protocol 6 HELLO: cmd 0x0E, size u64 = 24, 24 request bytes; the reply is 8 + 28 bytes.
+function rpcHello(port: number): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const s = connect(port, '127.0.0.1');
+    const req = Buffer.alloc(1 + 8 + 24);
+    req[0] = 0x0e;
+    req.writeBigUInt64LE(24n, 1);
+    let got = 0;
+    s.on('data', (d) => {
+      got += d.length;
+      if (got >= 36) resolve(s);
+    });
+    s.once('error', reject);
+    s.once('connect', () => s.write(req));
+    setTimeout(() => reject(new Error(`no HELLO reply (got ${got} bytes)`)), 10_000).unref();
+  });
 }
 
 describe('/metrics', () => {
@@ -54,5 +73,26 @@ describe('/metrics', () => {
     expect(value(text, 'hydra_prompt_cache_hit_tokens_total')).toBeGreaterThan(0);
     expect(value(text, 'hydra_http_requests_total{route="/v1/completions",status="200"}')).toBe(4);
     expect(value(text, 'hydra_http_requests_total{route="/v1/completions",status="400"}')).toBe(1);
+  });
+
+  it('counts merged-port bytes while a ggml-RPC session is still open', async () => {
+    const before = await (await fetch(`${eng.url}/metrics`)).text();
+    expect(value(before, 'hydra_rpc_bytes_in_total')).toBe(0);
+    const s = await rpcHello(rpcPort);
+    try {
+      let text = '';
+      await waitFor(async () => {
+        text = await (await fetch(`${eng.url}/metrics`)).text();
+        return value(text, 'hydra_rpc_bytes_in_total') > 0;
+      }, 10_000);
+      // Still running: the figure is the live one, not a total added when the session ended.
+      expect(value(text, 'hydra_rpc_sessions_active')).toBe(1);
+      expect(value(text, 'hydra_rpc_sessions_served_total')).toBe(0);
+      expect(value(text, 'hydra_rpc_bytes_in_total')).toBeGreaterThanOrEqual(33);
+      expect(value(text, 'hydra_rpc_bytes_out_total')).toBeGreaterThanOrEqual(36);
+      expect(promtool(text).status).toBe(0);
+    } finally {
+      s.destroy();
+    }
   });
 });

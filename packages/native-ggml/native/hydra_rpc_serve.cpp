@@ -203,6 +203,20 @@ static Napi::Value fd_shutdown(const Napi::CallbackInfo & info) {
     return info.Env().Undefined();
 }
 
+// fdTcpBytes(fd) -> [bytesIn, bytesOut], or undefined when fd is no TCP socket: the kernel's
+// counters of a session still being served (its host reports them while it runs).
+static Napi::Value fd_tcp_bytes(const Napi::CallbackInfo & info) {
+    struct tcp_info ti = {};
+    socklen_t len = sizeof(ti);
+    if (getsockopt(info[0].ToNumber().Int32Value(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
+        return info.Env().Undefined();
+    }
+    Napi::Array out = Napi::Array::New(info.Env(), 2);
+    out.Set((uint32_t) 0, Napi::Number::New(info.Env(), (double) ti.tcpi_bytes_received));
+    out.Set((uint32_t) 1, Napi::Number::New(info.Env(), (double) ti.tcpi_bytes_acked));
+    return out;
+}
+
 static bool device_is_rpc(ggml_backend_dev_t dev) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     return reg != nullptr && strcmp(ggml_backend_reg_name(reg), "RPC") == 0;
@@ -466,5 +480,6 @@ void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports) {
     exports.Set("detachFd", Napi::Function::New(env, detach_fd));
     exports.Set("fdClose", Napi::Function::New(env, fd_close));
     exports.Set("fdShutdown", Napi::Function::New(env, fd_shutdown));
+    exports.Set("fdTcpBytes", Napi::Function::New(env, fd_tcp_bytes));
     exports.Set("serveRpcFd", Napi::Function::New(env, serve_rpc_fd));
 }

@@ -288,6 +288,8 @@ export interface NativeBinding {
   detachFd(fd: number): number;
   fdClose(fd: number): void;
   fdShutdown(fd: number): void;
+  /** The kernel's byte counters of a TCP socket ([received, acked]); undefined for another fd. */
+  fdTcpBytes(fd: number): [bytesIn: number, bytesOut: number] | undefined;
   serveRpcFd(
     fd: number,
     options: { devices?: string[]; threads?: number; cacheDir?: string } & NativeServeLimits,

@@ -6,6 +6,7 @@ import { basename } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import type { NativeServeLimits } from './binding.js';
+import { loadBinding } from './binding.js';
 import { HydraError } from './errors.js';
 import { detachFd, rpcWeightsIndexAdd } from './index.js';
 import type { RpcServeTask, RpcWorkerReply } from './rpc-worker.js';
@@ -80,11 +81,17 @@ export function runRpcHost(options: RpcHostOptions = {}): void {
   const stats = new BigUint64Array(new SharedArrayBuffer(8 * STATS_SLOTS));
   let setup: Promise<unknown> = Promise.resolve();
   let current: { id: number; timer: NodeJS.Timeout } | undefined;
-  const live = () => ({
-    commands: Number(stats[0]),
-    setTensorBytes: Number(stats[1]),
-    setTensorHashHits: Number(stats[2]),
-  });
+  // The session socket's kernel counters, so a long session's traffic shows while it runs (the
+  // summary at its end reads the same counters). The fd is the session's until its reply.
+  const live = (fd: number) => {
+    const bytes = loadBinding().binding.fdTcpBytes(fd);
+    return {
+      commands: Number(stats[0]),
+      setTensorBytes: Number(stats[1]),
+      setTensorHashHits: Number(stats[2]),
+      ...(bytes ? { bytesIn: bytes[0], bytesOut: bytes[1] } : {}),
+    };
+  };
 
   worker.on('message', (reply: RpcWorkerReply) => {
     if ('ready' in reply) {
@@ -136,7 +143,7 @@ export function runRpcHost(options: RpcHostOptions = {}): void {
     }
     handle.close?.();
     stats.fill(0n);
-    const timer = setInterval(() => send({ t: 'progress', id, stats: live() }), progressMs);
+    const timer = setInterval(() => send({ t: 'progress', id, stats: live(fd) }), progressMs);
     timer.unref();
     current = { id, timer };
     const serveTask: RpcServeTask = { ...(task as Partial<RpcServeTask>), fd, stats };

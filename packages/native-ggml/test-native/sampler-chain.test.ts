@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type Context, initBackend, Model, type SamplerParams } from '../src/index.js';
+import { type Context, initBackend, jsonSchemaToGrammar, Model, type SamplerParams } from '../src/index.js';
 import { hasGpu, tinyModel } from './helpers.js';
 
 // The sampler chain of common_params_sampling: which stages llama.cpp runs, and that a chain gives
@@ -108,5 +108,24 @@ describe('sampler chains', () => {
     }
     expect(err?.code).toBe('HYDRA_ERR_BAD_ARGUMENT');
     expect(err?.message).toMatch(message);
+  });
+
+  it('jsonSchemaToGrammar gives a grammar llama.cpp builds a chain for, and refuses what it cannot convert', async () => {
+    const grammar = jsonSchemaToGrammar({
+      type: 'object',
+      properties: { n: { type: 'integer' } },
+      required: ['n'],
+    });
+    expect(grammar).toMatch(/^root ::= /m);
+    const tokens = await generate(onHost, { temp: 0, grammar }, 24);
+    expect(model.detokenize(Int32Array.from(tokens))).toMatch(/^\{\s*"n"/);
+    for (const bad of [{ type: 'frob' }, { $ref: '#/missing' }]) {
+      expect(() => jsonSchemaToGrammar(bad)).toThrow(
+        expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }),
+      );
+    }
+    expect(() => jsonSchemaToGrammar({ pad: 'x'.repeat(1 << 20) })).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }),
+    );
   });
 });
