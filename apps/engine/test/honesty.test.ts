@@ -182,7 +182,8 @@ const TABLE: Record<string, Check> = {
   main_gpu: { kind: 'passed', value: 0, field: 'mainGpu', want: 0, why: 'no GPU to pick' },
   tensor_split: { kind: 'passed', value: [1], field: 'tensorSplit', want: [1], why: 'one device' },
   split_mode: { kind: 'passed', value: 'none', field: 'splitMode', want: 'none', why: 'one device' },
-  use_mmap: { kind: 'passed', value: false, field: 'useMmap', want: false, why: 'no getter; same weights' },
+  // Mapped weights sit in llama.cpp's CPU_Mapped buffer; read ones in a plain CPU buffer.
+  use_mmap: { kind: 'model', value: false, read: weightBuffers, want: ['CPU'] },
   use_mlock: { kind: 'passed', value: true, field: 'useMlock', want: true, why: 'no getter; same weights' },
   check_tensors: {
     kind: 'passed',
@@ -214,6 +215,19 @@ const TABLE: Record<string, Check> = {
     why: 'needs a ggml-RPC peer: see combine.test.ts',
   },
 };
+
+/** The buffer types llama.cpp put the model's weights in. */
+async function weightBuffers(m: Model): Promise<string[]> {
+  const ctx = await m.createContext({ nCtx: 256 });
+  try {
+    return ctx
+      .memory()
+      .filter((b) => b.model > 0)
+      .map((b) => b.bufferType);
+  } finally {
+    await ctx.dispose();
+  }
+}
 
 const dir = mkdtempSync(join(tmpdir(), 'hydra-honesty-'));
 let path: string;
@@ -370,7 +384,7 @@ describe('every registry key takes effect or is refused', () => {
       }
       const m = await Model.load({ ...params, nGpuLayers: 0 });
       try {
-        expect(c.read!(m)).toEqual(c.want === 'OTHER_MODEL' ? other : c.want);
+        expect(await c.read!(m)).toEqual(c.want === 'OTHER_MODEL' ? other : c.want);
       } finally {
         m.dispose();
       }
