@@ -885,6 +885,8 @@ export class HttpApi {
       rec.cachedTokens = result.cachedTokens;
       rec.finishReason = result.finishReason;
       rec.epoch = result.epoch;
+      rec.slot = result.slot;
+      rec.queueMs = result.queueMs;
       if (rec.ttftMs !== undefined) rec.decodeMs = lastToken - rec.ttftMs;
     }
     if (result.finishReason === 'cancelled') {

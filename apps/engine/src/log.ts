@@ -125,6 +125,8 @@ export function createLogger(options: LogOptions = {}): EngineLogger {
         fields.cached_tokens = rec.cachedTokens;
         fields.finish_reason = rec.finishReason;
         fields.epoch = rec.epoch;
+        if (rec.slot !== undefined) fields.slot = rec.slot;
+        if (rec.queueMs !== undefined) fields.queue_ms = round(rec.queueMs);
       }
       if (rec.ttftMs !== undefined) fields.ttft_ms = round(rec.ttftMs);
       if (rec.code !== undefined) fields.code = rec.code;

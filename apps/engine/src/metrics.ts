@@ -19,6 +19,9 @@ export interface RequestRecord {
   decodeMs?: number;
   finishReason?: string;
   epoch?: number;
+  /** The slot that ran it, and how long it waited for one (ms). */
+  slot?: number;
+  queueMs?: number;
   /** The error code the request ended with, if any. */
   code?: string;
 }
@@ -39,6 +42,7 @@ export class EngineMetrics {
   readonly #ttft: Histogram;
   readonly #tpot: Histogram;
   readonly #duration: Histogram;
+  readonly #queueWait: Histogram;
   readonly #requests: Counter;
   readonly #cacheHits: Counter;
 
@@ -185,6 +189,12 @@ export class EngineMetrics {
       buckets: DURATION_BUCKETS,
       registers: [r],
     });
+    this.#queueWait = new Histogram({
+      name: 'hydra_queue_wait_seconds',
+      help: 'time a completion request waited for a slot',
+      buckets: TTFT_BUCKETS,
+      registers: [r],
+    });
     this.#requests = new Counter({
       name: 'hydra_http_requests_total',
       help: 'HTTP requests answered, by route and status',
@@ -205,6 +215,7 @@ export class EngineMetrics {
     this.#duration.observe({ route: rec.route }, rec.durationMs / 1000);
     if (rec.cachedTokens) this.#cacheHits.inc(rec.cachedTokens);
     if (rec.ttftMs !== undefined) this.#ttft.observe(rec.ttftMs / 1000);
+    if (rec.queueMs !== undefined) this.#queueWait.observe(rec.queueMs / 1000);
     const n = rec.completionTokens ?? 0;
     if (rec.decodeMs !== undefined && n > 1) this.#tpot.observe(rec.decodeMs / 1000 / (n - 1));
   }

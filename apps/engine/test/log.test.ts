@@ -82,6 +82,9 @@ describe('logging', () => {
       });
       expect(r.prompt_tokens).toBeGreaterThan(0);
       expect(r.ttft_ms).toBeGreaterThan(0);
+      expect(r.slot).toBe(0);
+      expect(r.queue_ms).toBeGreaterThanOrEqual(0);
+      expect(r.queue_ms as number).toBeLessThanOrEqual(r.ttft_ms as number);
       expect(r.duration_ms as number).toBeGreaterThanOrEqual(r.ttft_ms as number);
       expect(r.level).toBe(30);
     }

@@ -70,6 +70,7 @@ describe('/metrics', () => {
     expect(value(text, 'hydra_time_per_output_token_seconds_count')).toBe(4);
     expect(value(text, 'hydra_request_duration_seconds_count{route="/v1/completions"}')).toBe(4);
     expect(value(text, 'hydra_time_to_first_token_seconds_sum')).toBeGreaterThan(0);
+    expect(value(text, 'hydra_queue_wait_seconds_count')).toBe(4);
     expect(value(text, 'hydra_prompt_cache_hit_tokens_total')).toBeGreaterThan(0);
     expect(value(text, 'hydra_http_requests_total{route="/v1/completions",status="200"}')).toBe(4);
     expect(value(text, 'hydra_http_requests_total{route="/v1/completions",status="400"}')).toBe(1);

@@ -27,6 +27,9 @@ interface Job {
   failure: Error | undefined;
   resolve(r: GenerationResult): void;
   reject(err: unknown): void;
+  /** performance.now() at submission, then the queue wait once a slot took it. */
+  submittedAt: number;
+  queueMs: number;
   // Slot-time state.
   slot: number;
   sampler: Sampler | undefined;
@@ -339,6 +342,8 @@ export class Scheduler {
         failure: undefined,
         resolve,
         reject,
+        submittedAt: performance.now(),
+        queueMs: 0,
         slot: -1,
         sampler: undefined,
         order: 0,
@@ -411,6 +416,7 @@ export class Scheduler {
       job.fed = reuse;
       job.order = this.#admitted++;
       job.slot = i;
+      job.queueMs = performance.now() - job.submittedAt;
       // The configuration that serves it is the one in force at admission, not at submission.
       job.epoch = this.#epoch();
       changed = true;
@@ -706,6 +712,8 @@ export class Scheduler {
       promptTokens: job.prompt.length,
       completionTokens: job.generated.length,
       epoch: job.epoch,
+      slot: job.slot,
+      queueMs: job.queueMs,
     });
   }
 

@@ -24,6 +24,10 @@ export interface GenerationResult {
   completionTokens: number;
   /** The configuration epoch that served the request. */
   epoch: number;
+  /** The slot that ran it. */
+  slot: number;
+  /** Milliseconds from submission until it got its slot (the queue wait). */
+  queueMs: number;
 }
 
 export interface SubmitOptions {
