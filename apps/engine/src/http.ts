@@ -9,7 +9,7 @@ import { HydraError } from './errors.js';
 import type { RequestRecord } from './metrics.js';
 import { checkSampler, requestSettings } from './request-params.js';
 import { applyCors, CORS_DEFAULTS, type CorsOptions } from './routes/cors.js';
-import { generationSettings, LlamaRoutes, stopType } from './routes/llama.js';
+import { chatTemplateOptions, generationSettings, LlamaRoutes, stopType } from './routes/llama.js';
 
 export interface HttpOptions {
   engine: Engine;
@@ -738,6 +738,7 @@ export class HttpApi {
     if (body.cache_prompt !== undefined && typeof body.cache_prompt !== 'boolean')
       throw badRequest('cache_prompt must be a boolean', 'cache_prompt');
     const params = generationParams(engine, body);
+    const chatOptions = prepared.chat ? chatTemplateOptions(body) : undefined;
     let prompt: Int32Array;
     if (prepared.tokens) {
       const nVocab = engine.model?.info.nVocab ?? 0;
@@ -752,9 +753,12 @@ export class HttpApi {
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
         const t = prepared.chat
-          ? await (this.#opts.chatTemplate === undefined
+          ? await (this.#opts.chatTemplate === undefined && chatOptions!.addAssistant
               ? engine.chatTokensAsync(prepared.chat.packed)
-              : engine.model!.tokenizeChatAsync(prepared.chat.packed, { template: this.#opts.chatTemplate }))
+              : engine.model!.tokenizeChatAsync(prepared.chat.packed, {
+                  addAssistant: chatOptions!.addAssistant,
+                  ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
+                }))
           : await engine.tokenizeAsync(promptText);
         if (engine.model === model) tokens = t;
       }

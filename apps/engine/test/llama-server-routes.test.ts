@@ -107,6 +107,37 @@ describe('llama-server routes in its shapes', () => {
     expect(bad.json.error.keys).toEqual(['messages']);
   });
 
+  it('chat template fields: add_generation_prompt honoured, Jinja-only fields refused by name', async () => {
+    const messages = [{ role: 'user', content: 'hi there' }];
+    const open = await post('/apply-template', { messages, add_generation_prompt: false });
+    expect(open.json).toEqual({ prompt: model.applyChatTemplate(messages, { addAssistant: false }) });
+    expect(open.json.prompt).not.toBe(model.applyChatTemplate(messages));
+    const chatNoGen = await post('/v1/chat/completions', {
+      messages,
+      max_tokens: 1,
+      add_generation_prompt: false,
+    });
+    const tokens = await post('/tokenize', { content: open.json.prompt, add_special: true });
+    expect(chatNoGen.json.usage.prompt_tokens).toBe(tokens.json.tokens.length);
+    for (const [field, value] of [
+      ['chat_template_kwargs', { enable_thinking: false }],
+      ['reasoning_format', 'deepseek'],
+      ['continue_final_message', true],
+      ['tools', [{ type: 'function', function: { name: 'f', parameters: {} } }]],
+    ] as const) {
+      for (const path of ['/apply-template', '/v1/chat/completions']) {
+        const r = await post(path, { messages, [field]: value });
+        expect(r.status, `${path} ${field}`).toBe(400);
+        expect(r.json.error.code, `${path} ${field}`).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+        expect(r.json.error.keys, `${path} ${field}`).toEqual([field]);
+      }
+    }
+    expect((await post('/apply-template', { messages, chat_template_kwargs: {} })).status).toBe(200);
+    expect((await post('/apply-template', { messages, add_generation_prompt: 1 })).json.error.keys).toEqual([
+      'add_generation_prompt',
+    ]);
+  });
+
   it('GET /props: global properties; POST /props is 501 as without --props', async () => {
     const r = await get('/props');
     expect(r.status).toBe(200);

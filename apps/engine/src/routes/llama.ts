@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import type { BodyParser } from '../body.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
 import { HydraError } from '../errors.js';
+import { REFUSED_FIELDS } from '../request-params.js';
 import { decodeSlotFile, encodeSlotFile, type ModelFingerprint, validSlotFilename } from './slot-file.js';
 
 export interface LlamaRouteOptions {
@@ -111,6 +112,40 @@ export function generationSettings(
     grammar: s('grammar') ?? '',
     samplers: s('samplers'),
   };
+}
+
+/**
+ * The chat-template fields of a chat body (llama-server's oaicompat_chat_params_parse):
+ * `add_generation_prompt` is honoured; those only Jinja templates give meaning to are refused by
+ * name (HYDRA_ERR_UNSUPPORTED_FIELD) rather than rendered as if absent.
+ */
+export function chatTemplateOptions(body: Record<string, unknown>): { addAssistant: boolean } {
+  const refused: string[] = [];
+  const kwargs = body.chat_template_kwargs;
+  if (
+    kwargs !== undefined &&
+    kwargs !== null &&
+    !(typeof kwargs === 'object' && Object.keys(kwargs).length === 0)
+  )
+    refused.push('chat_template_kwargs');
+  if (
+    body.reasoning_format !== undefined &&
+    body.reasoning_format !== null &&
+    body.reasoning_format !== 'none'
+  )
+    refused.push('reasoning_format');
+  if (body.continue_final_message === true) refused.push('continue_final_message');
+  for (const f of ['tools', 'tool_choice', 'functions', 'function_call']) {
+    const v = body[f];
+    if (v !== undefined && v !== null && !REFUSED_FIELDS[f]!.neutral(v)) refused.push(f);
+  }
+  if (refused.length > 0)
+    throw new HydraError(
+      'HYDRA_ERR_UNSUPPORTED_FIELD',
+      `unsupported chat fields: ${refused.join(', ')} (they need Jinja chat templates, not implemented yet)`,
+      { keys: refused },
+    );
+  return { addAssistant: flag(body, 'add_generation_prompt', true) };
 }
 
 /** How a native `/completion` ended, as llama-server's `stop_type` and `stopping_word` say it. */
@@ -245,13 +280,17 @@ export class LlamaRoutes {
           keys: ['messages'],
         },
       );
+    const { addAssistant } = chatTemplateOptions(prepared.body);
     engine.assertReady();
     const template = this.#o.chatTemplate;
     const packed = prepared.chat!.packed;
     return {
-      prompt: await (template === undefined
+      prompt: await (template === undefined && addAssistant
         ? engine.chatPromptAsync(packed)
-        : engine.model!.applyChatTemplateAsync(packed, { template })),
+        : engine.model!.applyChatTemplateAsync(packed, {
+            addAssistant,
+            ...(template !== undefined ? { template } : {}),
+          })),
     };
   }
 
