@@ -399,6 +399,21 @@ export const FLAGS: FlagSpec[] = [
     kind: 'repeat',
     help: `NAME=N: a ggml-RPC session limit (repeatable; ${SERVE_LIMIT_KEYS.join(', ')})`,
   },
+  // COMBINE failover (registry keys; combine/failover.ts, combine/rejoin.ts).
+  {
+    names: ['--failover-policy'],
+    key: 'failover_policy',
+    kind: 'string',
+    values: ['auto', 'solo', 'offload', 'none'],
+    help: 'after a peer loss: auto (solo when it fits the local device, else offload), solo, offload, none',
+  },
+  {
+    names: ['--no-peer-rejoin'],
+    key: 'peer_rejoin',
+    kind: 'flag',
+    bare: false,
+    help: 'do not probe a lost peer and restore COMBINE when it answers again',
+  },
   // Peer watchdog (settings; see ServeSettings).
   {
     names: ['--peer-stall-ms'],

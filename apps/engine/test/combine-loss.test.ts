@@ -37,15 +37,48 @@ async function spawnEngine(flags: string[], rpcPortWanted?: number): Promise<Pro
   return { url, rpc: `127.0.0.1:${rpcPort}`, child, log: () => log };
 }
 
-async function greedy(url: string, prompt: string): Promise<{ status: number; text: string }> {
+async function greedy(url: string, prompt: string): Promise<{ status: number; text: string; code?: string }> {
   const res = await fetch(`${url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ prompt, max_tokens: 16, temperature: 0, ignore_eos: true }),
   });
-  const body = (await res.json()) as { choices?: { text: string }[] };
-  return { status: res.status, text: body.choices?.[0]?.text ?? '' };
+  const body = (await res.json()) as { choices?: { text: string }[]; error?: { code: string } };
+  return {
+    status: res.status,
+    text: body.choices?.[0]?.text ?? '',
+    ...(body.error ? { code: body.error.code } : {}),
+  };
 }
+
+interface Health {
+  status: string;
+  state: string;
+  degraded?: {
+    reason: string;
+    peers: string[];
+    failover?: { requested: string; policy: string; n_gpu_layers?: number; solo_fits: boolean };
+    held?: { what: string[]; why: string };
+    rejoin?: { enabled: boolean; probes: number; last_error?: string };
+  };
+  placement?: { device: string }[];
+}
+
+const health = (url: string) => fetch(`${url}/health`).then((r) => r.json() as Promise<Health>);
+const status = (url: string) =>
+  fetch(`${url}/control/status`).then(
+    (r) =>
+      r.json() as Promise<{
+        success: boolean;
+        mode: string;
+        peers: unknown[];
+        degraded?: Health['degraded'];
+      }>,
+  );
+const configure = (url: string, delta: Record<string, unknown>) =>
+  fetch(`${url}/control/configure`, { method: 'POST', body: JSON.stringify(delta) }).then(
+    (r) => r.json() as Promise<{ success: boolean; tier?: string }>,
+  );
 
 describe('peer loss: kill -9 of the peer during a streamed generation', () => {
   const PROMPT = 'Hello world, this is a test';
@@ -62,7 +95,8 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
   });
 
-  it('ends the request with HYDRA_ERR_PEER_LOST, stays up, reports degraded, serves SOLO within 10 s, and rejoins the restarted peer', async () => {
+  /** A head in COMBINE with one peer; kills the peer mid-stream; returns when the head is degraded. */
+  async function killMidStream(headFlags: string[], before?: (head: Proc) => Promise<void>) {
     const peer = await spawnEngine([]);
     procs.push(peer.child);
     const head = await spawnEngine([
@@ -76,10 +110,11 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
       '99',
       '-c',
       '4096',
+      ...headFlags,
     ]);
     procs.push(head.child);
     expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
-
+    if (before) await before(head);
     let killedAt = 0;
     const started = performance.now();
     const out = await stream(
@@ -94,62 +129,102 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     expect(killedAt).toBeGreaterThan(0);
     expect(out.error?.code).toBe('HYDRA_ERR_PEER_LOST');
     expect(out.finish).toBeUndefined();
-    // Nothing after the loss: the text is a prefix of the greedy SOLO continuation's kind (ASCII
-    // words of the tiny vocabulary), never a garbage tail; a bounded wait, not a hang.
     expect(ended - started).toBeLessThan(20_000);
+    return { peer, head, killedAt, ended };
+  }
 
-    let health: { status: string; state: string; degraded?: { reason: string; since: string } } | undefined;
+  it('solo (auto, the model fits): PEER_LOST, degraded with the policy, SOLO within 10 s, then rejoins on its own with the same tokens', async () => {
+    const { peer, head, killedAt, ended } = await killMidStream([]);
+    let h: Health | undefined;
     await waitFor(async () => {
-      const now = await fetch(`${head.url}/health`).then(
-        (r) => r.json() as Promise<NonNullable<typeof health>>,
-      );
-      health = now;
-      return now.state === 'ready' && now.status === 'degraded';
+      h = await health(head.url);
+      return h.state === 'ready' && h.status === 'degraded';
     }, 10_000);
     const again = await greedy(head.url, PROMPT);
     const recovered = performance.now() - killedAt;
     console.log(
-      `peer loss: request ended ${(ended - killedAt).toFixed(0)} ms after kill -9; SOLO answered ${recovered.toFixed(0)} ms after it`,
+      `peer loss (solo): request ended ${(ended - killedAt).toFixed(0)} ms after kill -9; SOLO answered ${recovered.toFixed(0)} ms after it`,
     );
     expect(recovered).toBeLessThan(10_000);
     expect(again).toEqual({ status: 200, text: solo });
-    expect(health!.degraded!.reason).toMatch(/peer|ggml-RPC/);
+    expect(h!.degraded!.reason).toMatch(/peer|ggml-RPC/);
+    expect(h!.degraded!.failover).toMatchObject({ requested: 'auto', policy: 'solo', solo_fits: true });
+    expect(h!.degraded!.held!.what.length).toBeGreaterThan(0);
+    expect(h!.degraded!.held!.why).toMatch(/parked/);
 
-    const status = (await fetch(`${head.url}/control/status`).then((r) => r.json())) as {
-      success: boolean;
-      mode: string;
-      peers: unknown[];
-      degraded?: { peers: string[] };
-    };
-    expect(status).toMatchObject({ success: true, mode: 'solo', peers: [] });
-    expect(status.degraded!.peers).toEqual([peer.rpc]);
+    const st = await status(head.url);
+    expect(st).toMatchObject({ success: true, mode: 'solo', peers: [] });
+    expect(st.degraded!.peers).toEqual([peer.rpc]);
+    expect(st.degraded!.rejoin).toMatchObject({ enabled: true });
     // Every port of the head still answers: HTTP above, the merged port's ggml-RPC HELLO here.
     await expect(probeRpcServer(head.rpc, 2000)).resolves.toMatchObject({ major: 6 });
     expect(head.child.exitCode).toBeNull();
+    // The rejoin probes and backs off while the peer is down.
+    await waitFor(async () => ((await status(head.url)).degraded?.rejoin?.probes ?? 0) >= 2, 10_000);
 
-    // The peer comes back at the same address; configuring it again rejoins it (registered under
-    // another spelling of the address, with new device names), and COMBINE serves the same tokens.
+    // The peer comes back at the same address: no operator action, the head restores COMBINE on
+    // its own (the peer registered under another spelling; the operator's `--device RPC0` still
+    // names it) and serves the same greedy tokens.
     const back = await spawnEngine([], Number(peer.rpc.split(':')[1]));
     procs.push(back.child);
-    const cfg = await fetch(`${head.url}/control/configure`, {
-      method: 'POST',
-      body: JSON.stringify({ rpc_servers: [peer.rpc], devices: ['RPC1'] }),
-    });
-    expect(await cfg.json()).toMatchObject({ success: true, tier: 'T3' });
-    let rejoined:
-      | { state: string; status: string; placement?: { device: string; description: string }[] }
-      | undefined;
+    const backAt = performance.now();
+    let rejoined: Health | undefined;
     await waitFor(async () => {
-      rejoined = (await fetch(`${head.url}/health`).then((r) => r.json())) as NonNullable<typeof rejoined>;
+      rejoined = await health(head.url);
       return rejoined.state === 'ready' && rejoined.status !== 'degraded';
     }, 30_000);
+    console.log(
+      `peer rejoin: COMBINE restored ${(performance.now() - backAt).toFixed(0)} ms after the peer restarted`,
+    );
     expect(rejoined!.placement!.map((r) => r.device)).toEqual(['RPC1']);
     expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
-    const after = (await fetch(`${head.url}/control/status`).then((r) => r.json())) as {
-      mode: string;
-      peers: unknown[];
-    };
+    const after = await status(head.url);
     expect(after.mode).toBe('combined');
     expect(after.peers).toHaveLength(1);
+    expect(after.degraded).toBeUndefined();
+  }, 150_000);
+
+  it('offload (auto, a memory cap makes SOLO not fit): reloads with the layers that fit, the same greedy tokens as SOLO, within 10 s; --no-peer-rejoin stays degraded', async () => {
+    const { head, killedAt } = await killMidStream(['--no-peer-rejoin'], async (h) => {
+      // A T1 setting: read at the next loss, nothing reloads now.
+      expect(await configure(h.url, { device_memory_cap: ['CPU=1'] })).toMatchObject({
+        success: true,
+        tier: 'T1',
+      });
+    });
+    let h: Health | undefined;
+    await waitFor(async () => {
+      h = await health(head.url);
+      return h.state === 'ready' && h.status === 'degraded';
+    }, 10_000);
+    const again = await greedy(head.url, PROMPT);
+    const recovered = performance.now() - killedAt;
+    console.log(`peer loss (offload): answered ${recovered.toFixed(0)} ms after kill -9`);
+    expect(recovered).toBeLessThan(10_000);
+    expect(again).toEqual({ status: 200, text: solo });
+    const f = h!.degraded!.failover!;
+    expect(f).toMatchObject({ requested: 'auto', policy: 'offload', solo_fits: false });
+    expect(f.n_gpu_layers).toBeGreaterThanOrEqual(0);
+    expect(h!.degraded!.rejoin).toEqual({ enabled: false, probes: 0 });
   }, 120_000);
+
+  it('none: PEER_LOST, nothing reloaded, requests refused saying why; the rejoin restores COMBINE when the peer is back', async () => {
+    const { peer, head } = await killMidStream(['--failover-policy', 'none']);
+    let h: Health | undefined;
+    await waitFor(async () => {
+      h = await health(head.url);
+      return h.degraded !== undefined && h.state === 'error';
+    }, 10_000);
+    expect(h!.degraded!.failover).toMatchObject({ requested: 'none', policy: 'none' });
+    const refused = await greedy(head.url, PROMPT);
+    expect(refused.code).toBe('HYDRA_ERR_NO_MODEL');
+    const back = await spawnEngine([], Number(peer.rpc.split(':')[1]));
+    procs.push(back.child);
+    await waitFor(async () => {
+      const now = await health(head.url);
+      return now.state === 'ready' && now.status !== 'degraded';
+    }, 30_000);
+    expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
+    expect((await status(head.url)).mode).toBe('combined');
+  }, 150_000);
 });

@@ -1,4 +1,5 @@
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
@@ -10,11 +11,13 @@ import {
   type SamplerParams,
 } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { readGguf } from '@hydra-engine/resolver';
 import { defaults, FIELDS, isRuntimeField, type Params, plan } from '@hydra-engine/tiering';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
 import { contextParamsFrom, modelParamsFrom, samplerParamsFrom } from '../src/core/params.js';
 import type { HydraError } from '../src/errors.js';
+import { fileSource } from '../src/placement.js';
 import { complete, freePort } from './control-helpers.js';
 import { engineWith } from './helpers.js';
 
@@ -31,7 +34,15 @@ type Check =
   /** The context llama.cpp built: `read` of its info equals `want`, or the prompt's logits change. */
   | { kind: 'context'; value: unknown; base?: Params; read?: (i: Info) => unknown; want?: unknown }
   /** The model llama.cpp loaded: `read` equals `want`, or the load fails as the value asks for. */
-  | { kind: 'model'; value: unknown; read?: (m: Model) => unknown; want?: unknown; fails?: string }
+  | {
+      kind: 'model';
+      value: unknown;
+      read?: (m: Model) => unknown;
+      want?: unknown;
+      fails?: string;
+      /** Load this file instead (NAN_MODEL: a copy with a NaN in one weight); it must load without the key. */
+      file?: 'NAN_MODEL';
+    }
   /**
    * Reaches the native parameters llama.cpp is given (`field` equals `want`, and llama.cpp accepts
    * it) but has no getter and no effect on the tiny model on a CPU host; `why` says which.
@@ -122,6 +133,13 @@ const TABLE: Record<string, Check> = {
   'sampling.ignore_eos': { kind: 'engine', value: true },
   n_predict: { kind: 'engine', value: 3 },
   state_chunk_size: { kind: 'engine', value: 65536 },
+  failover_policy: { kind: 'covered', file: './combine-loss.test.ts', test: 'none: PEER_LOST, nothing reloaded' },
+  peer_rejoin: { kind: 'covered', file: './combine-loss.test.ts', test: '--no-peer-rejoin stays degraded' },
+  device_memory_cap: {
+    kind: 'covered',
+    file: './combine-loss.test.ts',
+    test: 'offload (auto, a memory cap makes SOLO not fit)',
+  },
 
   n_ctx: { kind: 'context', value: 1024, read: (i) => i.nCtx, want: 1024 },
   n_batch: { kind: 'context', value: 64, read: (i) => i.nBatch, want: 64 },
@@ -185,13 +203,8 @@ const TABLE: Record<string, Check> = {
   // Mapped weights sit in llama.cpp's CPU_Mapped buffer; read ones in a plain CPU buffer.
   use_mmap: { kind: 'model', value: false, read: weightBuffers, want: ['CPU'] },
   use_mlock: { kind: 'passed', value: true, field: 'useMlock', want: true, why: 'no getter; same weights' },
-  check_tensors: {
-    kind: 'passed',
-    value: true,
-    field: 'checkTensors',
-    want: true,
-    why: 'the synthetic tensors are all valid',
-  },
+  // A NaN written into a weight: llama.cpp's tensor validation refuses the file, a plain load takes it.
+  check_tensors: { kind: 'model', value: true, fails: 'HYDRA_ERR_LOAD_FAILED', file: 'NAN_MODEL' },
   override_tensors: {
     kind: 'passed',
     value: ['token_embd=CPU'],
@@ -232,6 +245,7 @@ async function weightBuffers(m: Model): Promise<string[]> {
 const dir = mkdtempSync(join(tmpdir(), 'hydra-honesty-'));
 let path: string;
 let other: string;
+let nanModel: string;
 let model: Model;
 
 beforeAll(async () => {
@@ -241,6 +255,15 @@ beforeAll(async () => {
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 7, out: path });
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 8, out: other });
   model = await Model.load({ path, nGpuLayers: 0 });
+  // The same model with one f32 weight set to NaN (its data offset read from the GGUF header).
+  nanModel = join(dir, 'nan.gguf');
+  copyFileSync(path, nanModel);
+  const src = await fileSource(nanModel);
+  const gguf = await readGguf(src).finally(() => src.close());
+  const norm = gguf.tensors.find((t) => t.name === 'blk.0.attn_norm.weight')!;
+  const fh = await open(nanModel, 'r+');
+  await fh.write(Buffer.from(new Float32Array([Number.NaN]).buffer), 0, 4, gguf.dataOffset + norm.offset);
+  await fh.close();
 }, 60_000);
 afterAll(() => model?.dispose());
 
@@ -377,7 +400,10 @@ describe('every registry key takes effect or is refused', () => {
       const c = check as Extract<Check, { kind: 'model' }>;
       const value = c.value === 'OTHER_MODEL' ? other : c.value;
       const cfg = config(key, value);
-      const params = modelParamsFrom(cfg, key === 'model' ? (cfg.model as string) : path);
+      const file = c.file === 'NAN_MODEL' ? nanModel : path;
+      const params = modelParamsFrom(cfg, key === 'model' ? (cfg.model as string) : file);
+      if (c.file)
+        (await Model.load({ ...modelParamsFrom(config(key, undefined), file), nGpuLayers: 0 })).dispose();
       if (c.fails) {
         await expect(Model.load({ ...params, nGpuLayers: 0 })).rejects.toMatchObject({ code: c.fails });
         return;

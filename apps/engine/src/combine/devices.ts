@@ -20,7 +20,9 @@
 //   (`0177.0.0.1:PORT`, `00177.0.0.1:PORT` for 127.0.0.1). inet_aton reads these as the same
 //   address in both resolvers that dial it (glibc's gethostbyname in llama.cpp, getaddrinfo in
 //   Node's HELLO probe); a hex spelling would pass Node's and fail glibc's digits-and-dots check.
-//   Its devices get new names (`RPC1`, ...); the configured endpoint stays the one written.
+//   Its devices get new names (`RPC1`, ...); the configured endpoint stays the one written, and
+//   the device and buffer type names written for its earlier registration (`devices: [RPC0]`,
+//   `-ot ...=RPC0[127.0.0.1:PORT]`) are read as the new ones.
 import { lookup } from 'node:dns/promises';
 import { isIPv4 } from 'node:net';
 import { addRpcServer, type Device, describeDevices, listDevices } from '@hydra-engine/native-ggml';
@@ -36,6 +38,13 @@ const dead = new Set<string>();
 const losses = new Map<string, number>();
 /** The endpoint string each configured peer was registered under. */
 const wire = new Map<string, string>();
+/**
+ * Device and buffer type names of earlier registrations of a peer that came back, to the names
+ * of its current one (`RPC0` -> `RPC1`, `RPC0[127.0.0.1:5]` -> `RPC1[0177.0.0.1:5]`): what the
+ * operator wrote keeps naming the same device across rejoins.
+ */
+const nameAlias = new Map<string, string>();
+const buftAlias = new Map<string, string>();
 let local: Device[] | undefined;
 /** The last description read of every device listed, in llama.cpp's order (local, then peers'). */
 const known = new Map<string, Device>();
@@ -115,6 +124,15 @@ export async function registerPeer(endpoint: string): Promise<{ names: string[];
   const devices = await addRpcServer(target);
   const names = devices.map((d) => d.name);
   const bufferTypes = devices.map((d) => d.bufferType);
+  // A registration anew: every earlier name of these devices now means the new one.
+  const before = generation > 0 ? endpoints.get(endpoint) : undefined;
+  const beforeBufts = generation > 0 ? buffers.get(endpoint) : undefined;
+  if (before && beforeBufts && before.length === names.length) {
+    for (const [i, n] of names.entries()) {
+      repoint(nameAlias, before[i]!, n);
+      repoint(buftAlias, beforeBufts[i]!, bufferTypes[i]!);
+    }
+  }
   endpoints.set(endpoint, names);
   buffers.set(endpoint, bufferTypes);
   wire.set(endpoint, target);
@@ -122,6 +140,17 @@ export async function registerPeer(endpoint: string): Promise<{ names: string[];
   // Described by the registration itself, off the JS thread.
   for (const d of devices) known.set(d.name, d);
   return { names, bufferTypes };
+}
+
+/** Maps `from` (and every name that meant it) to `to`. */
+function repoint(aliases: Map<string, string>, from: string, to: string): void {
+  for (const [k, v] of aliases) if (v === from) aliases.set(k, to);
+  if (from !== to) aliases.set(from, to);
+}
+
+/** The device or buffer type name in force for one an operator wrote (an earlier registration's). */
+export function currentName(name: string): string {
+  return nameAlias.get(name) ?? buftAlias.get(name) ?? name;
 }
 
 /** `host:port` with the first octet of the IPv4 address in octal after `generation` zeros. */
@@ -163,6 +192,13 @@ export function safeDevices(): Device[] {
   return listed();
 }
 
+/** `<regex>=<buffer type>` with an earlier registration's buffer type replaced by the current one. */
+function respelled(spec: string): string {
+  const at = spec.lastIndexOf('=');
+  const now = at > 0 ? buftAlias.get(spec.slice(at + 1)) : undefined;
+  return now === undefined ? spec : `${spec.slice(0, at + 1)}${now}`;
+}
+
 /**
  * Explicit `devices` and overrides for a load with `rpcServers` configured now, or `undefined`
  * when no peer was ever registered in this process (llama.cpp's default selection is then safe).
@@ -182,12 +218,12 @@ export function loadDevices(
     .map((d) => d.name);
   // Upstream's default order: RPC devices first (fewer transfers), then local GPUs.
   const allowed = [...rpc, ...gpus];
-  const wanted = configured.devices ?? [];
+  const wanted = (configured.devices ?? []).map((n) => nameAlias.get(n) ?? n);
   let devices = wanted.length > 0 ? wanted.filter((n) => allowed.includes(n)) : allowed;
   const dropped = wanted.length > 0 && devices.length !== wanted.length;
   if (devices.length === 0) devices = ['CPU'];
   const keep = new Set(rpcServers.map((e) => wire.get(e) ?? e));
-  const overrides = configured.overrides?.filter((spec) => {
+  const overrides = configured.overrides?.map(respelled).filter((spec) => {
     const m = /=RPC\d+\[(.+)\]$/.exec(spec);
     return !m || keep.has(m[1]!);
   });

@@ -1,13 +1,21 @@
 // The runtime: model and context lifecycle (load, context rebuilds, unload), the MoE standby
 // placement and failover after a peer loss. It attaches what it builds to the scheduler and holds
 // the scheduler (hold/whenIdle) around every rebuild.
-import { type Context, type Device, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
+import {
+  type Context,
+  type Device,
+  Model,
+  type ModelLoadParams,
+  probeRpcServer,
+} from '@hydra-engine/native-ggml';
 import type { ModelFacts, ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { freshDevices, loadDevices, markPeerLost, registerPeer, safeDevices } from '../combine/devices.js';
+import { decideFailover } from '../combine/failover.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
+import { PeerRejoin } from '../combine/rejoin.js';
 import { HydraError } from '../errors.js';
-import { checkContext, computePlacement, modelFacts, type Placement } from '../placement.js';
+import { checkContext, computePlacement, hostFreeBytes, modelFacts, type Placement } from '../placement.js';
 import { contextParamsFrom, modelParamsFrom } from './params.js';
 import type { Scheduler } from './scheduler.js';
 import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
@@ -66,6 +74,8 @@ export class Runtime {
   #standby: (Serving & { mode: ExpertMode }) | undefined;
   #degraded: Degraded | undefined;
   #failingOver = false;
+  /** The rejoin of the loss that `degraded` reports. */
+  #rejoin: { rejoin: PeerRejoin; degraded: Degraded } | undefined;
   /** The model facts and the configuration the context in force was built with (a failed rebuild restores it). */
   #built: { facts: ModelFacts | undefined; cfg: Params } | undefined;
   /** The facts of the model in force (read by load's GGUF checks). */
@@ -99,7 +109,8 @@ export class Runtime {
     return this.#lastError;
   }
   get degraded(): Degraded | undefined {
-    return this.#degraded;
+    const d = this.#degraded;
+    return d && this.#rejoin?.degraded === d ? { ...d, rejoin: this.#rejoin.rejoin.state } : d;
   }
   get dualPlacement(): boolean {
     return this.#standby !== undefined;
@@ -122,7 +133,8 @@ export class Runtime {
     if (this.#closing) throw new HydraError('HYDRA_ERR_DRAINING', 'the engine is draining');
     if (!this.#model || (!this.#scheduler.ctx && !this.#scheduler.held)) {
       // The cause of a failed load goes with every refusal: "no model" alone hides it.
-      const cause = this.#state === 'error' && this.#lastError ? `: the last load failed: ${this.#lastError}` : '';
+      const cause =
+        this.#state === 'error' && this.#lastError ? `: the last load failed: ${this.#lastError}` : '';
       throw new HydraError(
         'HYDRA_ERR_NO_MODEL',
         `no model is loaded${cause || '; start with --model or CONFIGURE one'}`,
@@ -340,19 +352,61 @@ export class Runtime {
   async failOver(reason: string, peers: string[]): Promise<void> {
     if (this.#failingOver) return;
     this.#failingOver = true;
+    this.#rejoin?.rejoin.stop();
+    this.#rejoin = undefined;
     try {
-      this.#degraded = { reason, since: new Date().toISOString(), peers };
+      const degraded: Degraded = { reason, since: new Date().toISOString(), peers };
+      this.#degraded = degraded;
       for (const p of peers) markPeerLost(p);
       const err = new HydraError('HYDRA_ERR_PEER_LOST', `the request ended: ${reason}`, {
         details: { peers },
       });
-      ABANDONED.push(this.#model, this.#scheduler.ctx, this.#standby);
+      // Freeing the COMBINE model or its context frees their buffers on the dead peer too
+      // (FREE_BUFFER over a parked dispatcher: it would never return), so both stay referenced.
+      // The MoE standby was loaded on local devices only: it is freed.
+      ABANDONED.push(this.#model, this.#scheduler.ctx);
       this.#scheduler.abandon(err);
+      const standby = this.#standby;
       this.#model = undefined;
       this.#standby = undefined;
+      if (standby) {
+        await standby.ctx.dispose();
+        standby.model.dispose();
+      }
+      degraded.held = {
+        what: [
+          `the COMBINE model's weights on this host's devices (${this.#modelPath ?? 'unknown'})`,
+          "the COMBINE context's KV cache and compute buffers on this host's devices",
+        ],
+        why: "llama.cpp frees a model's or context's buffers on every backend together, the peer's included; a free sent to the lost peer's parked ggml-RPC dispatcher never returns",
+      };
+      // Restored on rejoin: the keys the failover changes, as they were.
+      const previous: Params = {
+        rpc_servers: [...(this.#layers.get('rpc_servers') as string[])],
+        n_gpu_layers: this.#layers.get('n_gpu_layers'),
+      };
       this.#layers.configure({ rpc_servers: [] });
+      const cfg = this.#layers.effective();
+      const decision = this.#facts
+        ? decideFailover(this.#facts, cfg, this.devices(), hostFreeBytes())
+        : undefined;
+      const policy = decision?.policy ?? ((cfg.failover_policy as string) === 'none' ? 'none' : 'solo');
+      if (decision) degraded.failover = decision;
+      if (policy === 'offload') this.#layers.configure({ n_gpu_layers: decision!.n_gpu_layers });
+      const fallback: Params = { rpc_servers: [], n_gpu_layers: this.#layers.get('n_gpu_layers') };
       for (const l of this.#peerLostListeners) l();
-      this.#log.warn(`hydra-engine: HYDRA_ERR_PEER_LOST: ${reason}; reloading SOLO`);
+      this.#log.warn(
+        `hydra-engine: HYDRA_ERR_PEER_LOST: ${reason}; failover ${policy}` +
+          (policy === 'offload' ? ` with n_gpu_layers ${decision!.n_gpu_layers}` : ''),
+      );
+      if (cfg.peer_rejoin !== false) this.#startRejoin(degraded, peers, previous, fallback);
+      else degraded.rejoin = { enabled: false, probes: 0 };
+      if (policy === 'none') {
+        this.#scheduler.rejectQueued(err);
+        this.#state = 'error';
+        this.#lastError = `peer lost (${reason}) and failover_policy is none: nothing was reloaded`;
+        return;
+      }
       if (this.#state === 'loading') return;
       await this.load();
     } finally {
@@ -360,9 +414,40 @@ export class Runtime {
     }
   }
 
+  /** Probes the lost peers and restores `previous` (their COMBINE configuration) when they answer. */
+  #startRejoin(degraded: Degraded, peers: string[], previous: Params, fallback: Params): void {
+    const rejoin = new PeerRejoin({
+      peers,
+      probe: (p, t) => probeRpcServer(p, t),
+      idle: () => this.#state !== 'loading' && this.#scheduler.busy === 0 && this.#scheduler.queueDepth === 0,
+      active: () => this.#degraded === degraded && !this.#closing,
+      log: (line) => this.#log.info(line),
+      restore: async () => {
+        // Registered (HELLO-probed) before anything is unloaded: a peer that went away again
+        // leaves the failover model serving.
+        for (const p of peers) await registerPeer(p);
+        this.#layers.configure(previous);
+        try {
+          await this.load();
+        } catch (err) {
+          this.#layers.configure(fallback);
+          this.#failingOver = true;
+          try {
+            await this.load();
+          } finally {
+            this.#failingOver = false;
+          }
+          throw err;
+        }
+      },
+    });
+    this.#rejoin = { rejoin, degraded };
+  }
+
   /** See `Engine.close`. */
   async close(): Promise<void> {
     this.#closing = true;
+    this.#rejoin?.rejoin.stop();
     this.#state = 'draining';
     this.#scheduler.cancelAll();
     await this.#scheduler.whenIdle();

@@ -1,4 +1,5 @@
 import type { SamplerParams } from '@hydra-engine/native-ggml';
+import type { FailoverDecision } from '../combine/failover.js';
 
 /** Lifecycle states, as `/health` and Hydra STATUS report them. */
 export type EngineState = 'empty' | 'loading' | 'ready' | 'draining' | 'error';
@@ -73,6 +74,18 @@ export interface Degraded {
   reason: string;
   since: string;
   peers: string[];
+  /** The failover taken (combine/failover.ts); absent before the decision is made. */
+  failover?: FailoverDecision;
+  /** What the lost COMBINE still holds in this process, and why it cannot be freed. */
+  held?: { what: string[]; why: string };
+  /** The automatic rejoin (combine/rejoin.ts): on or off, probes so far, the last probe's answer. */
+  rejoin?: {
+    enabled: boolean;
+    probes: number;
+    next_probe_ms?: number;
+    last_error?: string;
+    gave_up?: boolean;
+  };
 }
 
 export interface Logger {
