@@ -93,6 +93,12 @@ export function sameValue(a: unknown, b: unknown): boolean {
 /** Checks and copies one value; returns the value in force or a reason string wrapped in an object. */
 function check(type: FieldType, value: unknown, clamp: boolean): { ok: unknown } | { bad: string } {
   switch (type.kind) {
+    case 'auto':
+      if (typeof value === 'string' && value.toLowerCase() === 'auto') return { ok: 'auto' };
+      {
+        const r = check(type.of, value, clamp);
+        return 'bad' in r ? { bad: `expected "auto" or: ${r.bad}` } : r;
+      }
     case 'int':
     case 'number': {
       let n = value;

@@ -17,7 +17,9 @@ export type FieldType =
   | { readonly kind: 'string'; readonly maxLength: number; readonly pattern?: RegExp }
   | { readonly kind: 'enum'; readonly values: readonly string[] }
   | { readonly kind: 'list'; readonly of: FieldType; readonly maxItems: number }
-  | { readonly kind: 'map'; readonly of: FieldType; readonly maxEntries: number };
+  | { readonly kind: 'map'; readonly of: FieldType; readonly maxEntries: number }
+  /** The string `"auto"` (the engine's planner chooses) or a value of `of`. */
+  | { readonly kind: 'auto'; readonly of: FieldType };
 
 /** One registry entry. */
 export interface FieldSpec {
@@ -50,6 +52,7 @@ const str = (maxLength = 65_536, pattern?: RegExp): FieldType =>
 const oneOf = (...values: string[]): FieldType => ({ kind: 'enum', values });
 const list = (of: FieldType, maxItems = 1024): FieldType => ({ kind: 'list', of, maxItems });
 const map = (of: FieldType, maxEntries = 1024): FieldType => ({ kind: 'map', of, maxEntries });
+const orAuto = (of: FieldType): FieldType => ({ kind: 'auto', of });
 
 interface Extra {
   aliases?: string[];
@@ -346,9 +349,9 @@ const M = (key: string, type: FieldType, def: unknown, extra?: Extra) =>
   field(key, 'T3', 'model', type, def, extra);
 const HOST_PORT = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([1-9][0-9]{0,4})$/;
 M('model', str(4096), '', { aliases: ['model.path'] });
-M('n_gpu_layers', int(-2), -1, { aliases: ['ngl'] });
+M('n_gpu_layers', orAuto(int(-2)), -1, { aliases: ['ngl'] });
 M('main_gpu', int(0, 127), 0);
-M('tensor_split', list(num(0, 1e9), 128), []);
+M('tensor_split', orAuto(list(num(0, 1e9), 128)), []);
 // The pinned llama.cpp also has 'tensor'; the native binding loads none/layer/row only.
 M('split_mode', oneOf('none', 'layer', 'row'), 'layer');
 M('devices', list(str(256), 128), []);

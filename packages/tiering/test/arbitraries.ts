@@ -28,6 +28,12 @@ const FORMATTED: Record<string, fc.Arbitrary<unknown>> = {
   }),
   'cpuparams.cpumask': fc.string({ unit: fc.constantFrom(...HEX), maxLength: 8 }),
   'cpuparams_batch.cpumask': fc.string({ unit: fc.constantFrom(...HEX), maxLength: 8 }),
+  device_memory_cap: fc.array(
+    fc
+      .tuple(fc.constantFrom('CPU', 'CUDA0', 'RPC0'), fc.integer({ min: 1, max: 999_999_999 }))
+      .map(([n, m]) => `${n}=${m}`),
+    { maxLength: 3 },
+  ),
   'sampling.logit_bias': fc.dictionary(
     fc.integer({ min: 0, max: 200_000 }).map(String),
     fc.double({ min: -100, max: 100, noNaN: true }),
@@ -53,6 +59,8 @@ function arbitraryOf(type: FieldType): fc.Arbitrary<unknown> {
       return fc.array(arbitraryOf(type.of), { maxLength: Math.min(type.maxItems, 4) });
     case 'map':
       return fc.dictionary(fc.string({ minLength: 1, maxLength: 6 }), arbitraryOf(type.of), { maxKeys: 3 });
+    case 'auto':
+      return fc.oneof(fc.constant('auto'), arbitraryOf(type.of));
   }
 }
 

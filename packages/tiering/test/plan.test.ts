@@ -170,6 +170,8 @@ describe('plan', () => {
       ['split_mode', 'tensor'],
       ['rope_scaling_type', 'longrope'],
       ['model', null],
+      ['tensor_split', 'most'],
+      ['n_gpu_layers', 'all'],
     ];
     for (const [key, value] of cases) {
       const e = rejection(() => plan(d, { [key]: value }));
@@ -177,6 +179,15 @@ describe('plan', () => {
     }
     expect(rejection(() => plan(d, [] as unknown as Params)).code).toBe('HYDRA_ERR_BAD_VALUE');
     expect(rejection(() => plan(d, 'x')).code).toBe('HYDRA_ERR_BAD_VALUE');
+  });
+
+  it('takes "auto" for tensor_split and n_gpu_layers (the engine planner chooses), T3 like their values', () => {
+    const r = plan(defaults(), { tensor_split: 'AUTO', n_gpu_layers: 'auto' });
+    expect(r.paramsApplied).toMatchObject({ tensor_split: 'auto', n_gpu_layers: 'auto' });
+    expect([r.tier, r.rebuild]).toEqual(['T3', 'model']);
+    // Other strings are still refused, and "auto" is no value for keys without the option.
+    expect(rejection(() => plan(defaults(), { main_gpu: 'auto' })).code).toBe('HYDRA_ERR_BAD_VALUE');
+    expect(rejection(() => plan(defaults(), { tensor_split: 'auto,1' })).keys).toEqual(['tensor_split']);
   });
 
   it('treats __proto__ and constructor as unknown keys', () => {
