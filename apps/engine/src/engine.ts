@@ -103,7 +103,7 @@ export class Engine {
     return { total: s.nSlots, busy: s.busy, nCtxSeq: s.nCtxSeq };
   }
   /** Per slot (llama-server's `/slots`): a request runs in it, and the tokens of its cached KV. */
-  slotInfo(): { busy: boolean; cachedTokens: number }[] {
+  slotInfo(): { busy: boolean; cachedTokens: number; kvCells: number }[] {
     return this.#scheduler.slotInfo();
   }
   get queueDepth(): number {

@@ -88,6 +88,15 @@ export class EngineMetrics {
     this.#gauge('hydra_slot_context_tokens', 'KV cache cells of one slot (n_ctx / n_parallel)', () =>
       engine.model ? engine.slots.nCtxSeq : 0,
     );
+    this.#gauge(
+      'hydra_slot_kv_cells',
+      'KV cache cells a slot holds now (running, or kept for cache_prompt), of hydra_slot_context_tokens',
+      () =>
+        engine
+          .slotInfo()
+          .map((info, i) => [{ slot: String(i) }, info.kvCells] as [Record<string, string>, number]),
+      ['slot'],
+    );
     this.#counter(
       'hydra_requests_rejected_queue_full_total',
       'requests answered 429',

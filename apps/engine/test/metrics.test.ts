@@ -66,6 +66,10 @@ describe('/metrics', () => {
     expect(text).not.toMatch(/^hydra_slots_total /m);
     expect(value(text, 'hydra_slots')).toBe(2);
     expect(value(text, 'hydra_slot_context_tokens')).toBe(256);
+    // Slot 1 keeps the cached prompt and its tokens; no slot holds more than its share.
+    const cells = [0, 1].map((i) => value(text, `hydra_slot_kv_cells{slot="${i}"}`));
+    expect(cells[1]).toBeGreaterThan(5);
+    for (const c of cells) expect(c).toBeLessThanOrEqual(256);
     expect(value(text, 'hydra_time_to_first_token_seconds_count')).toBe(4);
     expect(value(text, 'hydra_time_per_output_token_seconds_count')).toBe(4);
     expect(value(text, 'hydra_request_duration_seconds_count{route="/v1/completions"}')).toBe(4);

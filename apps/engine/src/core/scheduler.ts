@@ -183,11 +183,16 @@ export class Scheduler {
     return ctx;
   }
 
-  /** Per slot: whether a request runs in it, and the tokens whose KV it keeps for reuse. */
-  slotInfo(): { busy: boolean; cachedTokens: number }[] {
+  /**
+   * Per slot: whether a request runs in it, the tokens whose KV it keeps for reuse, and the KV
+   * cells its sequence holds now (from this loop's own counts: llama.cpp's are written by the
+   * decode thread while a step runs).
+   */
+  slotInfo(): { busy: boolean; cachedTokens: number; kvCells: number }[] {
     return this.#slots.map((job, i) => ({
       busy: job !== undefined,
       cachedTokens: this.#cache[i]?.length ?? 0,
+      kvCells: job ? (job.promptFed ? job.pos : job.fed) : (this.#cache[i]?.length ?? 0),
     }));
   }
 
