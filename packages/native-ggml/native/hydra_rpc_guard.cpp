@@ -140,6 +140,13 @@ const char * op_check(const ggml_tensor * t) {
             REQ(ok, "binary op: unsupported types");
             return nullptr;
         }
+        case GGML_OP_ADD_ID:
+            // src2 holds row ids into src1 (data: the CPU kernel asserts their range)
+            REQ(s0 && s1 && s2 && s2->type == GGML_TYPE_I32, "ADD_ID: needs I32 row ids");
+            REQ(s0->type == GGML_TYPE_F32 && s1->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32, "ADD_ID: F32 only");
+            REQ(s0->ne[0] == s1->ne[0] && s0->ne[1] == s2->ne[0] && s0->ne[2] == s2->ne[1] && ggml_are_same_shape(s0, t), "ADD_ID: shapes");
+            REQ(rows_ok(s0) && rows_ok(s1) && rows_ok(s2), "ADD_ID: rows not contiguous");
+            return nullptr;
         case GGML_OP_SQR:
         case GGML_OP_SQRT:
         case GGML_OP_LOG:

@@ -20,8 +20,10 @@ import {
   encodeTensor,
   f32Tensor,
   GGML_OP_ADD,
+  GGML_OP_ADD_ID,
   GGML_OP_CUSTOM,
   GGML_OP_SET_ROWS,
+  GGML_TYPE_I32,
   GGML_TYPE_I64,
   graphCompute,
   RPC_TENSOR_BYTES,
@@ -652,6 +654,39 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
       expect(summary).toMatchObject({ ended: 'client', allocDenied: 1, refusals: 1 });
       expect(summary.allocBytesPeak).toBeGreaterThanOrEqual(48 << 20);
       figures.allocCapDenied = summary.allocDenied;
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('a valid ADD_ID graph (the gpt-oss expert bias) passes the guard and computes; a wrong-shaped one is refused', async () => {
+    const srv = await startGuardedServer({});
+    try {
+      const ctx = await open(srv.port);
+      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
+        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
+        ne,
+        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+      });
+      const a = f32(1n, 0n, [4, 2, 1, 1]); // 2 expert rows of 4
+      const b = f32(2n, 64n, [4, 3, 1, 1]); // 3 experts' biases
+      const ids: RpcTensor = { ...f32(3n, 128n, [2, 1, 1, 1]), type: GGML_TYPE_I32 };
+      const out = (ne: [number, number, number, number]): RpcTensor => ({
+        ...f32(4n, 256n, ne),
+        op: GGML_OP_ADD_ID,
+        src: [1n, 2n, 3n],
+        flags: COMPUTE,
+      });
+      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
+      ctx.conn.write(setTensor(a, 0n, floats([1, 2, 3, 4, 5, 6, 7, 8])));
+      ctx.conn.write(setTensor(b, 0n, floats([10, 10, 10, 10, 20, 20, 20, 20, 30, 30, 30, 30])));
+      ctx.conn.write(setTensor(ids, 0n, Buffer.from(new Int32Array([2, 0]).buffer)));
+      ctx.conn.write(graph(0, [4n], [a, b, ids, out([4, 2, 1, 1])]));
+      ctx.conn.write(getTensor(out([4, 2, 1, 1]), 0n, 32n));
+      expect(await ctx.conn.reply()).toEqual(floats([31, 32, 33, 34, 15, 16, 17, 18]));
+      ctx.conn.write(graph(0, [4n], [a, b, ids, out([4, 1, 1, 1])]));
+      expect(await ctx.conn.waitClosed(3000)).toBe(true);
+      expect((await srv.summaries[0]!).reason).toContain('ADD_ID: shapes');
     } finally {
       await srv.close();
     }

@@ -35,11 +35,13 @@ const CONN_CAPS = 24;
 export const RPC_TENSOR_BYTES = 296;
 export const GGML_TYPE_F32 = 0;
 export const GGML_TYPE_F16 = 1;
+export const GGML_TYPE_I32 = 26;
 export const GGML_TYPE_I64 = 27;
 /** enum ggml_op of the pinned ggml.h. */
 export const GGML_TENSOR_FLAG_COMPUTE = 16;
 export const GGML_OP_NONE = 0;
 export const GGML_OP_ADD = 2;
+export const GGML_OP_ADD_ID = 3;
 export const GGML_OP_SCALE = 32;
 export const GGML_OP_SET_ROWS = 42;
 export const GGML_OP_CUSTOM = 95;
