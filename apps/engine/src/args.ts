@@ -59,6 +59,10 @@ export interface ServeSettings {
   hydraIdleTimeoutMs: number;
   /** Per-session limits of every ggml-RPC session (native-ggml serveRpcFd's `limits`); unset keep their defaults. */
   rpcLimits: Record<string, number>;
+  /** MiB each device keeps free beyond a plan (`--fit-target`); 0 by default. */
+  fitTargetMib: number;
+  /** The device `auto` splits favour (`--fit-prefer`); the local one by default. */
+  fitPrefer: string | undefined;
   // HTTP and control-plane hardening (http.ts HttpOptions, control/controller.ts ControllerOptions).
   /** Keys read from `--api-key-file` (one a line, `#` comments), accepted besides `--api-key`'s. */
   apiKeysFromFile: string[];
@@ -394,6 +398,24 @@ export const FLAGS: FlagSpec[] = [
     help: 'a Hydra session that sends no frame for this long is closed (default 300000)',
   },
   {
+    names: ['--fit-target', '-fitt'],
+    key: '@fitTargetMib',
+    kind: 'int',
+    help: 'MiB every device keeps free beyond the planned weights, KV and compute (default 0)',
+  },
+  {
+    names: ['--fit-prefer'],
+    key: '@fitPrefer',
+    kind: 'string',
+    help: 'the device tensor_split/n_gpu_layers auto give the most layers (default the local one)',
+  },
+  {
+    names: ['--device-memory-cap'],
+    key: 'device_memory_cap',
+    kind: 'repeat',
+    help: 'NAME=MiB: plan at most this much on a device (CPU: host memory; repeatable)',
+  },
+  {
     names: ['--rpc-limit'],
     key: '@rpcLimits',
     kind: 'repeat',
@@ -562,8 +584,10 @@ function bad(flag: string, message: string): HydraError {
 function convert(spec: FlagSpec, flag: string, raw: string): unknown {
   switch (spec.kind) {
     case 'int': {
-      // llama-server's words: -ngl auto|all, -np auto.
-      if (spec.key === 'n_gpu_layers' && (raw === 'auto' || raw === 'all')) return raw === 'auto' ? -1 : -2;
+      // llama-server's words: -ngl auto|all, -np auto. -ngl auto: the planner picks the most
+      // layers that fit (placement.ts resolveAuto), as upstream's --fit does for it.
+      if (spec.key === 'n_gpu_layers' && (raw === 'auto' || raw === 'all'))
+        return raw === 'auto' ? 'auto' : -2;
       if (spec.key === 'n_parallel' && raw === 'auto') return -1;
       if (!/^-?\d+$/.test(raw)) throw bad(flag, `${flag} needs an integer, got ${JSON.stringify(raw)}`);
       return Number(raw);
@@ -575,6 +599,8 @@ function convert(spec: FlagSpec, flag: string, raw: string): unknown {
       return n;
     }
     case 'numbers':
+      // -ts auto: the planner's split (placement.ts resolveAuto).
+      if (spec.key === 'tensor_split' && raw === 'auto') return 'auto';
       return raw.split(/[,/]/).map((s) => convert({ ...spec, kind: 'number' }, flag, s));
     case 'list':
     case 'repeat':
@@ -809,6 +835,10 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   '@chatTemplate': 'chatTemplate',
   chat_template: 'chatTemplate',
   '@rpcLimits': 'rpcLimits',
+  '@fitTargetMib': 'fitTargetMib',
+  fit_target: 'fitTargetMib',
+  '@fitPrefer': 'fitPrefer',
+  fit_prefer: 'fitPrefer',
   rpc_limits: 'rpcLimits',
 };
 
@@ -858,6 +888,7 @@ function parseRpcLimits(value: unknown, where: string, key: string): Record<stri
 
 /** Settings that are strings or booleans (aliases is a list; most others are integers). */
 const STRING_SETTINGS = new Set<keyof ServeSettings>([
+  'fitPrefer',
   'chatTemplate',
   'slotSavePath',
   'corsOrigins',
@@ -874,6 +905,7 @@ const OPERATION_CHOICES: Partial<Record<keyof ServeSettings, readonly string[]>>
 
 /** Settings for which 0 is valid (a queue of none, or "derive the default"). */
 const ZERO_OK = new Set<keyof ServeSettings>([
+  'fitTargetMib',
   'maxQueue',
   'maxPromptBytes',
   'maxMessages',
@@ -957,6 +989,8 @@ export function parseServeArgs(
     cachePrompt: true,
     chatTemplate: undefined,
     rpcLimits: {},
+    fitTargetMib: 0,
+    fitPrefer: undefined,
   };
   const file = flags.get('@config') as string | undefined;
   let fromFile: Params = {};

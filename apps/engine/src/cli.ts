@@ -23,8 +23,8 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
         await runSynthCli(rest, io);
         return 0;
       case 'plan':
-        await runPlan(rest, io);
-        return 0;
+        // 1 when the plan does not fit, so scripts can test it.
+        return await runPlan(rest, io);
       case 'bench-client':
         await runBenchClient(rest, io);
         return 0;
@@ -75,10 +75,13 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
     // printed (above); a coordinator that will CONFIGURE one asks for --keep-up-on-load-failure.
     if (running.loadError && !args.settings.keepUpOnLoadFailure && !stopping) {
       stopping = true;
-      log.error('hydra-engine: exiting: the start-up model load failed (--keep-up-on-load-failure keeps the engine up)', {
-        event: 'exit',
-        code: running.loadError.code,
-      });
+      log.error(
+        'hydra-engine: exiting: the start-up model load failed (--keep-up-on-load-failure keeps the engine up)',
+        {
+          event: 'exit',
+          code: running.loadError.code,
+        },
+      );
       await running.close().catch(() => undefined);
       return 1;
     }

@@ -85,6 +85,18 @@ async function stop(child: Child): Promise<number | null> {
  * completion, prints tokens/s and the layer placement, and shuts both down.
  */
 export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    io.stdout.write(
+      'hydra-engine demo [--models DIR]\n\nStarts two engines on loopback (a peer and a head over ggml-RPC) with the tiny\n' +
+        'synthetic model (written to DIR, default ./models), shows the split and a completion, and stops them.\n',
+    );
+    return;
+  }
+  const extra = argv[0] === '--models' && argv[1] ? argv.slice(2) : argv;
+  if (extra.length > 0)
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `demo takes only --models DIR, got ${extra.join(' ')}`, {
+      keys: [extra[0]!],
+    });
   const dir = resolve(argv[0] === '--models' && argv[1] ? argv[1] : 'models');
   mkdirSync(dir, { recursive: true });
   const model = resolve(dir, 'tiny-q8_0.gguf');

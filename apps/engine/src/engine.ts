@@ -1,6 +1,6 @@
 import type { Device, Model } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
-import type { ConfigLayers } from '@hydra-engine/tiering';
+import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { Runtime } from './core/runtime.js';
 import { Scheduler } from './core/scheduler.js';
 import {
@@ -15,7 +15,7 @@ import {
   type SubmitOptions,
 } from './core/types.js';
 import { HydraError } from './errors.js';
-import type { Placement } from './placement.js';
+import { checkFitSettings, type FitSettings, type Placement } from './placement.js';
 
 export { contextParamsFrom, modelParamsFrom, samplerParamsFrom } from './core/params.js';
 export type {
@@ -35,6 +35,8 @@ export interface EngineOptions {
   maxQueue?: number;
   registry?: ModelRegistry;
   logger?: Logger;
+  /** How fit is judged before a load and how `auto` splits are chosen (`--fit-target`, `--fit-prefer`). */
+  fit?: FitSettings;
 }
 
 /**
@@ -48,6 +50,8 @@ export interface EngineOptions {
 export class Engine {
   readonly layers: ConfigLayers;
   readonly counters: EngineCounters = newCounters();
+  /** The fit settings in force (validated, frozen). */
+  readonly fitSettings: FitSettings;
   readonly #scheduler: Scheduler;
   readonly #runtime: Runtime;
 
@@ -59,6 +63,7 @@ export class Engine {
       throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.maxQueue must be a non-negative integer');
     }
     this.layers = options.layers;
+    this.fitSettings = checkFitSettings(options.fit);
     const log = options.logger ?? {
       info: (m: string) => process.stderr.write(`${m}\n`),
       warn: (m: string) => process.stderr.write(`${m}\n`),
@@ -76,6 +81,7 @@ export class Engine {
       log,
       counters: this.counters,
       scheduler: this.#scheduler,
+      fit: this.fitSettings,
     });
   }
 
@@ -94,6 +100,10 @@ export class Engine {
   }
   get placement(): Placement | undefined {
     return this.#runtime.placement;
+  }
+  /** The configuration the loaded model and context were built with, `auto` values resolved. */
+  get builtConfig(): Params | undefined {
+    return this.#runtime.builtConfig;
   }
   get lastError(): string | undefined {
     return this.#runtime.lastError;

@@ -46,6 +46,8 @@ export const ERROR_CODES = [
   'HYDRA_ERR_STATE_UPLOADS_FULL',
   // Bounds and GGUF checks before allocation (src/placement.ts; the GGUF codes come from the resolver).
   'HYDRA_ERR_INSUFFICIENT_MEMORY',
+  // A configuration whose weights, KV and compute do not fit its devices (the resolver's planFit).
+  'HYDRA_ERR_WONT_FIT',
   'HYDRA_ERR_CONTEXT_FAILED',
   'HYDRA_ERR_GGUF_INVALID',
   'HYDRA_ERR_GGUF_UNSUPPORTED',

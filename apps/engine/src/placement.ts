@@ -3,9 +3,15 @@ import { freemem } from 'node:os';
 import type { Device } from '@hydra-engine/native-ggml';
 import {
   contextFit,
+  type FitDevice,
+  type FitOptions,
+  type FitReport,
+  fitToWire,
   type GgufSource,
   type ModelFacts,
   modelFactsFromGguf,
+  type PlanDevice,
+  planFit,
   planSplit,
   readGguf,
   type SplitPlanOptions,
@@ -81,11 +87,11 @@ export function hostFreeBytes(): number {
 /** The planner's view of the context `cfg` asks for, over the devices its KV goes to. */
 function contextPlan(facts: ModelFacts, cfg: Params, devices: Device[], hostFree: number): SplitPlanOptions {
   const offload = cfg.no_kv_offload ? [] : offloadDevices(cfg, devices);
-  const ngl = cfg.n_gpu_layers as number;
+  const ngl = typeof cfg.n_gpu_layers === 'number' ? cfg.n_gpu_layers : -1;
   const onHost = offload.length === 0 || ngl === 0;
   const nCtx = (cfg.n_ctx as number) || facts.nCtxTrain || 4096;
   const nBatch = Math.min((cfg.n_batch as number) || 2048, nCtx);
-  const split = (cfg.tensor_split as number[]) ?? [];
+  const split = Array.isArray(cfg.tensor_split) ? (cfg.tensor_split as number[]) : [];
   return {
     // Everything on the host is planned as one device holding every layer.
     devices: onHost
@@ -157,8 +163,8 @@ export async function computePlacement(path: string, cfg: Params, devices: Devic
   const facts = await modelFacts(path);
   const offload = offloadDevices(cfg, devices);
   const nLayer = facts.layers.length;
-  const ngl = cfg.n_gpu_layers as number;
-  const split = (cfg.tensor_split as number[]) ?? [];
+  const ngl = typeof cfg.n_gpu_layers === 'number' ? cfg.n_gpu_layers : -1;
+  const split = Array.isArray(cfg.tensor_split) ? (cfg.tensor_split as number[]) : [];
   const rows: Placement['rows'] = [];
   if (offload.length === 0 || ngl === 0) {
     rows.push({ device: 'CPU', description: 'host', first: 0, last: nLayer - 1, output: true });
@@ -209,4 +215,231 @@ export function formatPlacement(p: Placement): string[] {
           : `layers ${r.first}-${r.last}`;
     return `${layers}${r.output ? ' + output' : ''} on ${r.device}${r.description ? ` (${r.description})` : ''}`;
   });
+}
+
+/** How the engine judges fit (`--fit-target`, `--device-memory-cap`, `--fit-prefer`). */
+export interface FitSettings {
+  /** MiB each device keeps free beyond the plan; default 0 (what fits only barely is llama.cpp's to refuse). */
+  readonly targetMib?: number;
+  /** At most this many MiB per device name (`CPU` for the host) are planned; for budgets and tests. */
+  readonly capsMib?: Readonly<Record<string, number>>;
+  /** The device `auto` gives the most layers; default the last planned device (the local one). */
+  readonly prefer?: string;
+}
+
+/** Checks {@link FitSettings} once (HYDRA_ERR_BAD_ARGUMENT naming the option); returns a frozen copy. */
+export function checkFitSettings(fit: unknown, where = 'options.fit'): FitSettings {
+  if (fit === undefined) return Object.freeze({});
+  const badArg = (key: string, msg: string) =>
+    new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${where}.${key} ${msg}`, { keys: [key] });
+  if (typeof fit !== 'object' || fit === null || Array.isArray(fit))
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${where} must be an object`);
+  const { targetMib, capsMib, prefer, ...extra } = fit as Record<string, unknown>;
+  const unknownKey = Object.keys(extra)[0];
+  if (unknownKey !== undefined) throw badArg(unknownKey, 'is not a fit setting');
+  if (
+    targetMib !== undefined &&
+    (typeof targetMib !== 'number' || !Number.isFinite(targetMib) || targetMib < 0)
+  )
+    throw badArg('targetMib', 'must be a number >= 0');
+  const caps: Record<string, number> = {};
+  if (capsMib !== undefined) {
+    if (typeof capsMib !== 'object' || capsMib === null || Array.isArray(capsMib))
+      throw badArg('capsMib', 'must map device names to MiB');
+    for (const [name, v] of Object.entries(capsMib)) {
+      if (name === '' || typeof v !== 'number' || !Number.isFinite(v) || v < 0)
+        throw badArg('capsMib', `entry ${JSON.stringify(name)} must be a number of MiB >= 0`);
+      caps[name] = v;
+    }
+  }
+  if (prefer !== undefined && (typeof prefer !== 'string' || prefer === ''))
+    throw badArg('prefer', 'must be a device name');
+  return Object.freeze({
+    ...(targetMib !== undefined ? { targetMib: targetMib as number } : {}),
+    ...(capsMib !== undefined ? { capsMib: Object.freeze(caps) } : {}),
+    ...(prefer !== undefined ? { prefer: prefer as string } : {}),
+  });
+}
+
+/**
+ * The devices a load of `cfg` offloads to, in llama.cpp's order (peers' RPC devices first), with
+ * their figures from `devices`; `host` when everything stays in host memory; `unknown` naming a
+ * peer whose devices are not registered yet (their memory cannot be read without dialling it).
+ */
+function loadTargets(
+  cfg: Params,
+  devices: Device[],
+  peerDevices: (endpoint: string) => string[] | undefined,
+): { kind: 'devices'; list: Device[] } | { kind: 'host' } | { kind: 'unknown'; peer: string } {
+  const peers = (cfg.rpc_servers as string[]) ?? [];
+  const named = (cfg.devices as string[]) ?? [];
+  let names: string[];
+  if (named.length > 0) names = named;
+  else {
+    const rpc: string[] = [];
+    for (const p of peers) {
+      const got = peerDevices(p);
+      if (!got) return { kind: 'unknown', peer: p };
+      rpc.push(...got);
+    }
+    names = [
+      ...rpc,
+      ...devices
+        .filter((d) => d.type !== 'cpu' && d.type !== 'accel' && !d.name.startsWith('RPC'))
+        .map((d) => d.name),
+    ];
+  }
+  const list = names
+    .map((n) => devices.find((d) => d.name === n))
+    .filter((d): d is Device => d !== undefined);
+  if (list.length === 0 || cfg.n_gpu_layers === 0) return { kind: 'host' };
+  return { kind: 'devices', list };
+}
+
+/** Inputs of {@link fitOf} beyond the model and configuration. */
+export interface FitInputs {
+  /** Every device the backend lists now (local and registered peers'). */
+  devices: Device[];
+  /** The RPC device names a registered peer added; undefined for a peer not registered. */
+  peerDevices: (endpoint: string) => string[] | undefined;
+  fit: FitSettings;
+  /** The configuration in force and what a rebuild frees of it (`model`: all of it; `context`: its KV and buffers). */
+  current?: { facts: ModelFacts; cfg: Params; frees: 'model' | 'context' } | undefined;
+  hostFree?: number;
+}
+
+/** The fit verdict of `cfg` (its `auto` split/offload resolved), or why it cannot be judged. */
+export type EngineFit = { report: FitReport } | { unknown: string };
+
+function fitOptions(facts: ModelFacts, cfg: Params, list: PlanDevice[]): Omit<FitOptions, 'devices'> {
+  const nCtx = (cfg.n_ctx as number) || facts.nCtxTrain || 4096;
+  const nBatch = Math.min((cfg.n_batch as number) || 2048, nCtx);
+  const split = cfg.tensor_split;
+  const ngl = cfg.n_gpu_layers;
+  return {
+    nCtx,
+    cacheTypeK: (cfg.cache_type_k as string) || 'f16',
+    cacheTypeV: (cfg.cache_type_v as string) || 'f16',
+    nParallel: (cfg.n_parallel as number) || 1,
+    kvUnified: cfg.kv_unified === true,
+    nUbatch: Math.min((cfg.n_ubatch as number) || 512, nBatch),
+    flashAttn: cfg.flash_attn !== 'off',
+    swaFull: cfg.swa_full === true,
+    ...(split === 'auto'
+      ? { tensorSplit: 'auto' as const }
+      : Array.isArray(split) && split.length === list.length && split.length > 0
+        ? { tensorSplit: split as number[] }
+        : {}),
+    ...(ngl === 'auto'
+      ? { nGpuLayers: 'auto' as const }
+      : typeof ngl === 'number' && ngl >= 0
+        ? { nGpuLayers: ngl }
+        : {}),
+  };
+}
+
+/**
+ * Whether `cfg` fits the devices it loads to, per device: weights, KV, recurrent state and
+ * compute (the resolver's planFit) against free memory plus what the configuration in force frees
+ * first, under the `--device-memory-cap` caps and `--fit-target` margin. Host-only loads are
+ * planned as one device `CPU` against host memory.
+ */
+export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): EngineFit {
+  const target = loadTargets(cfg, inputs.devices, inputs.peerDevices);
+  if (target.kind === 'unknown')
+    return {
+      unknown: `the devices of peer ${target.peer} are not registered yet (known once it has served a load)`,
+    };
+  const hostFree = inputs.hostFree ?? hostFreeBytes();
+  const list: PlanDevice[] =
+    target.kind === 'host'
+      ? [{ name: 'CPU', freeBytes: hostFree }]
+      : target.list.map((d) => ({ name: d.name, freeBytes: Math.max(0, Math.floor(d.free)) }));
+  const held = new Map<string, number>();
+  const cur = inputs.current;
+  if (cur) {
+    const was = fitOf(cur.facts, cur.cfg, { ...inputs, current: undefined, fit: {} });
+    if ('report' in was) {
+      for (const d of was.report.devices) {
+        const bytes =
+          cur.frees === 'model'
+            ? d.weightBytes + d.kvBytes + d.recurrentBytes + d.computeBytes
+            : d.kvBytes + d.recurrentBytes + d.computeBytes;
+        held.set(d.name, bytes);
+      }
+    }
+  }
+  const mib = 1024 * 1024;
+  // device_memory_cap (NAME=MiB items, the registry's engine setting) over the engine's own caps.
+  const caps: Record<string, number> = { ...(inputs.fit.capsMib ?? {}) };
+  for (const item of (cfg.device_memory_cap as string[] | undefined) ?? []) {
+    const at = item.lastIndexOf('=');
+    caps[item.slice(0, at)] = Number(item.slice(at + 1));
+  }
+  const devices: FitDevice[] = list.map((d) => ({
+    ...d,
+    heldBytes: held.get(d.name) ?? 0,
+    ...(caps[d.name] !== undefined ? { capBytes: Math.floor((caps[d.name] as number) * mib) } : {}),
+  }));
+  const prefer =
+    inputs.fit.prefer && list.some((d) => d.name === inputs.fit.prefer) ? inputs.fit.prefer : undefined;
+  const report = planFit(facts, {
+    ...fitOptions(facts, cfg, list),
+    devices,
+    marginBytes: Math.floor((inputs.fit.targetMib ?? 0) * mib),
+    ...(prefer ? { prefer } : {}),
+  });
+  return { report };
+}
+
+/** HYDRA_ERR_WONT_FIT with the per-device figures of `report` in `details`. */
+export function wontFit(report: FitReport, what: string): HydraError {
+  const mibOf = (b: number) => `${Math.ceil(b / (1024 * 1024))} MiB`;
+  const short = report.devices.filter((d) => !d.fits);
+  return new HydraError(
+    'HYDRA_ERR_WONT_FIT',
+    `${what} does not fit: ${short
+      .map(
+        (d) =>
+          `${d.name} needs ${mibOf(d.availableBytes - d.headroomBytes)} (${d.binding} the largest) of ${mibOf(d.availableBytes)}`,
+      )
+      .join('; ')}`,
+    {
+      keys: [
+        'model',
+        'tensor_split',
+        'n_gpu_layers',
+        'n_ctx',
+        'cache_type_k',
+        'cache_type_v',
+        'override_tensors',
+      ],
+      details: fitToWire(report),
+    },
+  );
+}
+
+/**
+ * `cfg` with `tensor_split: "auto"` and `n_gpu_layers: "auto"` replaced by what the planner chose
+ * (unchanged without them); HYDRA_ERR_WONT_FIT when no choice fits. `null` fit (a peer not
+ * registered) leaves auto for llama.cpp's defaults: an even split by free memory, all layers.
+ */
+export function resolveAuto(
+  facts: ModelFacts,
+  cfg: Params,
+  inputs: FitInputs,
+): { cfg: Params; fit: EngineFit | undefined } {
+  if (cfg.tensor_split !== 'auto' && cfg.n_gpu_layers !== 'auto') return { cfg, fit: undefined };
+  const fit = fitOf(facts, cfg, inputs);
+  const out: Params = { ...cfg };
+  if ('unknown' in fit) {
+    if (out.tensor_split === 'auto') out.tensor_split = [];
+    if (out.n_gpu_layers === 'auto') out.n_gpu_layers = -1;
+    return { cfg: out, fit };
+  }
+  if (!fit.report.fits) throw wontFit(fit.report, 'no split or offload count');
+  const hostOnly = fit.report.devices.length === 1 && fit.report.devices[0]?.name === 'CPU';
+  if (out.tensor_split === 'auto') out.tensor_split = hostOnly ? [] : [...fit.report.tensorSplit];
+  if (out.n_gpu_layers === 'auto') out.n_gpu_layers = hostOnly ? -1 : fit.report.nGpuLayers;
+  return { cfg: out, fit };
 }

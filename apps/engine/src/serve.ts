@@ -113,6 +113,10 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     maxQueue: args.settings.maxQueue,
     ...(args.registry ? { registry: args.registry } : {}),
     logger: { info, warn },
+    fit: {
+      targetMib: args.settings.fitTargetMib,
+      ...(args.settings.fitPrefer ? { prefer: args.settings.fitPrefer } : {}),
+    },
   });
   const apiKeys = [...splitApiKeys(t4.api_key as string), ...args.settings.apiKeysFromFile];
   let port: HydraPort | undefined;

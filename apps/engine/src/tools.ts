@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { formatPlanTable, modelFactsFromGguf, planSplit, planToJSON, readGguf } from '@hydra-engine/resolver';
+import { fitToWire, formatFitTable, modelFactsFromGguf, planFit, readGguf } from '@hydra-engine/resolver';
 import { HydraError } from './errors.js';
 import { fileSource } from './placement.js';
 
@@ -41,8 +41,45 @@ function intFlag(flags: Map<string, string[]>, name: string, fallback: number, m
   return Number(raw);
 }
 
-/** `hydra-engine plan`: the resolver's split plan for a GGUF over named devices. */
-export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
+const PLAN_HELP = `hydra-engine plan --model FILE --device NAME=FREE_MIB [--device ...] [options]
+
+Predicts, from the GGUF header alone, where llama.cpp puts each layer and what every device must
+hold (weights, KV cache, recurrent state, compute buffer) against its free memory. Devices are
+given in llama.cpp's order (RPC devices first, the local one last). Exits 0 when the plan fits,
+1 when it does not, 2 on a usage error.
+
+  -m, --model FILE            the GGUF to plan
+  --device NAME=FREE_MIB      a device and its free memory in MiB (repeatable, in order)
+  -c, --ctx N                 context size (default 4096)
+  --cache-type-k T            KV cache type of K (default f16)
+  --cache-type-v T            KV cache type of V (default f16)
+  -np, --parallel N           sequences (default 1)
+  -ngl, --n-gpu-layers N|auto layers offloaded, counting the output layer (default all)
+  -ts, --tensor-split A,B|auto split proportions, or the split with the most layers on --fit-prefer
+  --fit-target MIB            MiB each device keeps free beyond the plan (default 0)
+  --fit-prefer NAME           the device auto favours (default the last one)
+  --device-memory-cap NAME=MIB plan at most this much on a device (repeatable)
+  --kv-placement layer|rounded-fraction  KV with its layer (the pinned llama.cpp), or round(f x n)
+  --json                      the plan as JSON (sizes in bytes)
+  -h, --help                  this text
+`;
+
+function mibPair(flag: string, v: string): [string, number] {
+  const m = /^([^=]+)=(\d+(?:\.\d+)?)$/.exec(v);
+  if (!m)
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${flag} must be NAME=MIB, got ${v}`, { keys: [flag] });
+  return [m[1]!, Math.round(Number(m[2]) * 1024 * 1024)];
+}
+
+/**
+ * `hydra-engine plan`: the resolver's fit verdict for a GGUF over named devices, as a table or
+ * JSON. Resolves with the exit code: 0 when it fits, 1 when it does not.
+ */
+export async function runPlan(argv: readonly string[], io: Io): Promise<number> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    io.stdout.write(PLAN_HELP);
+    return 0;
+  }
   const flags = takeFlags(argv, {
     '--model': 'value',
     '-m': 'value',
@@ -57,6 +94,10 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
     '--n-gpu-layers': 'value',
     '-ts': 'value',
     '--tensor-split': 'value',
+    '--fit-target': 'value',
+    '--fit-prefer': 'value',
+    '--device-memory-cap': 'repeat',
+    '--kv-placement': 'value',
     '--json': 'flag',
   });
   const model = flags.get('--model')?.[0] ?? flags.get('-m')?.[0];
@@ -64,18 +105,24 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs --model FILE', { keys: ['--model'] });
   if (!existsSync(model))
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `no such model file: ${model}`, { keys: ['--model'] });
+  const caps = new Map(
+    (flags.get('--device-memory-cap') ?? []).map((c) => mibPair('--device-memory-cap', c)),
+  );
   const devices = (flags.get('--device') ?? []).map((d) => {
-    const m = /^([^=]+)=(\d+(?:\.\d+)?)$/.exec(d);
-    if (!m)
-      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `--device must be NAME=FREE_MIB, got ${d}`, {
-        keys: ['--device'],
-      });
-    return { name: m[1]!, freeBytes: Math.round(Number(m[2]) * 1024 * 1024) };
+    const [name, freeBytes] = mibPair('--device', d);
+    const cap = caps.get(name);
+    return { name, freeBytes, ...(cap !== undefined ? { capBytes: cap } : {}) };
   });
   if (devices.length === 0)
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs at least one --device NAME=FREE_MIB', {
       keys: ['--device'],
     });
+  for (const name of caps.keys()) {
+    if (!devices.some((d) => d.name === name))
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `--device-memory-cap names no --device: ${name}`, {
+        keys: ['--device-memory-cap'],
+      });
+  }
   const src = await fileSource(model);
   let facts: ReturnType<typeof modelFactsFromGguf>;
   try {
@@ -85,18 +132,39 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<void> {
   }
   const ts = flags.get('-ts')?.[0] ?? flags.get('--tensor-split')?.[0];
   const ngl = flags.get('-ngl')?.[0] ?? flags.get('--n-gpu-layers')?.[0];
-  const plan = planSplit(facts, {
+  const numbers = (flag: string, raw: string) => {
+    const parts = raw.split(/[,/]/).map(Number);
+    if (parts.some((x) => !Number.isFinite(x)))
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${flag} must be numbers A,B,... or auto, got ${raw}`, {
+        keys: [flag],
+      });
+    return parts;
+  };
+  let nGpuLayers: number | 'auto' | undefined;
+  if (ngl === 'auto') nGpuLayers = 'auto';
+  else if (ngl === 'all') nGpuLayers = -1;
+  else if (ngl !== undefined)
+    nGpuLayers = intFlag(flags, flags.has('-ngl') ? '-ngl' : '--n-gpu-layers', -1, -1);
+  const placement = flags.get('--kv-placement')?.[0];
+  if (placement !== undefined && placement !== 'layer' && placement !== 'rounded-fraction')
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', '--kv-placement must be layer or rounded-fraction', {
+      keys: ['--kv-placement'],
+    });
+  const prefer = flags.get('--fit-prefer')?.[0];
+  const fit = planFit(facts, {
     devices,
     nCtx: intFlag(flags, flags.has('-c') ? '-c' : '--ctx', 4096, 1),
     nParallel: intFlag(flags, flags.has('-np') ? '-np' : '--parallel', 1, 1),
+    marginBytes: intFlag(flags, '--fit-target', 0, 0) * 1024 * 1024,
     ...(flags.has('--cache-type-k') ? { cacheTypeK: flags.get('--cache-type-k')![0]! } : {}),
     ...(flags.has('--cache-type-v') ? { cacheTypeV: flags.get('--cache-type-v')![0]! } : {}),
-    ...(ts ? { tensorSplit: ts.split(',').map(Number) } : {}),
-    ...(ngl !== undefined ? { nGpuLayers: Number(ngl) } : {}),
+    ...(ts ? { tensorSplit: ts === 'auto' ? ('auto' as const) : numbers('-ts', ts) } : {}),
+    ...(nGpuLayers !== undefined ? { nGpuLayers } : {}),
+    ...(placement ? { kvPlacement: placement } : {}),
+    ...(prefer ? { prefer } : {}),
   });
-  io.stdout.write(
-    flags.has('--json') ? `${JSON.stringify(planToJSON(plan))}\n` : `${formatPlanTable(plan)}\n`,
-  );
+  io.stdout.write(flags.has('--json') ? `${JSON.stringify(fitToWire(fit))}\n` : formatFitTable(fit));
+  return fit.fits ? 0 : 1;
 }
 
 /** Figures of one `bench-client` run. */
@@ -145,8 +213,26 @@ async function streamOne(
   return { tokens, ttftMs: ttft, ms: performance.now() - t0 };
 }
 
-/** `hydra-engine bench-client`: drives an engine's HTTP API and prints tokens/s. */
-export async function runBenchClient(argv: readonly string[], io: Io): Promise<BenchResult> {
+const BENCH_HELP = `hydra-engine bench-client [options]
+
+Streams completions from a running engine's HTTP API and prints tokens/s.
+
+  --url URL            the engine (default http://127.0.0.1:8080)
+  --requests N         completions in all (default 8)
+  --concurrency N      completions at once (default 4)
+  --max-tokens N       tokens per completion (default 64)
+  --prompt TEXT        the prompt
+  --api-key KEY        sent as a Bearer token
+  --json               the figures as JSON
+  -h, --help           this text
+`;
+
+/** `hydra-engine bench-client`: drives an engine's HTTP API and prints tokens/s (undefined after --help). */
+export async function runBenchClient(argv: readonly string[], io: Io): Promise<BenchResult | undefined> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    io.stdout.write(BENCH_HELP);
+    return undefined;
+  }
   const flags = takeFlags(argv, {
     '--url': 'value',
     '--requests': 'value',

@@ -62,7 +62,7 @@ describe("llama-server's flag names, values and defaults", () => {
     expect(a.get('sampling.grammar')).toBe('root ::= "a"');
     expect(a.get('no_kv_offload')).toBe(true);
     expect(a.get('n_predict')).toBe(7);
-    expect(parseServeArgs(['-ngl', 'auto'], NO_ENV).layers.get('n_gpu_layers')).toBe(-1);
+    expect(parseServeArgs(['-ngl', 'auto'], NO_ENV).layers.get('n_gpu_layers')).toBe('auto');
     const np = parseServeArgs(['-np', 'auto'], NO_ENV).layers;
     expect([np.get('n_parallel'), np.get('kv_unified')]).toEqual([4, true]);
     const s = parseServeArgs(

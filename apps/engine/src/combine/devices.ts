@@ -176,6 +176,13 @@ async function respell(endpoint: string, generation: number): Promise<string> {
   return `${'0'.repeat(generation)}${Number(first).toString(8)}.${rest.join('.')}:${m[2]}`;
 }
 
+/** The device names a registered (and not lost) peer added; undefined when it is not registered. */
+export function peerDeviceNames(endpoint: string): string[] | undefined {
+  if (lost.has(endpoint)) return undefined;
+  const names = endpoints.get(endpoint);
+  return names ? [...names] : undefined;
+}
+
 /** Marks a peer lost: its devices are dead for good (never listed or asked again). */
 export function markPeerLost(endpoint: string): void {
   for (const name of endpoints.get(endpoint) ?? []) dead.add(name);

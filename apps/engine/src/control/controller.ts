@@ -2,13 +2,13 @@ import { stat } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
-import { modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
-import { type Decision, DeferralPolicy, type PlanResult, plan } from '@hydra-engine/tiering';
-import { freshDevices } from '../combine/devices.js';
+import { fitToWire, modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
+import { type Decision, DeferralPolicy, normalize, type PlanResult, plan } from '@hydra-engine/tiering';
+import { freshDevices, peerDeviceNames } from '../combine/devices.js';
 import { samplerParamsFrom } from '../core/params.js';
 import type { Engine, ExpertMode } from '../engine.js';
 import { HydraError } from '../errors.js';
-import { checkContext, fileSource, modelFacts } from '../placement.js';
+import { checkContext, type EngineFit, fileSource, fitOf, modelFacts, wontFit } from '../placement.js';
 import { checkSampler } from '../request-params.js';
 
 const SAMPLER_KEYS = {
@@ -56,7 +56,32 @@ export interface ConfigureReply {
   deferred_keys: string[];
   epoch: number;
   state_chunk_size_applied?: number;
+  /** A model, split or offload change (T3): the fit verdict it was admitted on (see PLAN's `fit`). */
+  fit?: Record<string, unknown> | null;
+  /** The split and offload count the load chose for `"auto"` values (after the load ran). */
+  auto_chosen?: { tensor_split: unknown; n_gpu_layers: unknown };
+  /** Keys taken from the registry entry of the model's alias (below the request's own keys). */
+  defaults_applied?: Record<string, string>;
+  /** `force_fit: true` loaded a configuration the planner predicted would not fit. */
+  forced?: true;
 }
+
+/** PLAN's reply: what CONFIGURE would do, and whether the result would fit. */
+export interface PlanReply {
+  tier: PlanResult['tier'];
+  rebuild: PlanResult['rebuild'];
+  changes: object[];
+  /**
+   * Per device predicted weights, KV, recurrent state, compute, free memory, headroom and `fits`
+   * (resolver fitToWire), an overall `fits`; `{fits: null, reason}` when a device cannot be read
+   * yet; null when no model is configured.
+   */
+  fit: Record<string, unknown> | null;
+  defaults_applied?: Record<string, string>;
+}
+
+/** The Hydra-level CONFIGURE/PLAN key that loads a configuration predicted not to fit. */
+export const FORCE_FIT_KEY = 'force_fit';
 
 /** A T2/T3 rebuild that failed, as STATUS reports it (`last_rebuild_failure`). */
 export interface RebuildFailure {
@@ -103,6 +128,20 @@ function intField(
     throw badValue(`${key} must be an integer in ${min}..${max}`, key);
   }
   return v;
+}
+
+/** Splits the Hydra-level `force_fit` flag off a CONFIGURE/PLAN delta (refused unless a boolean). */
+function takeForce(delta: unknown): { delta: unknown; force: boolean } {
+  if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !(FORCE_FIT_KEY in delta))
+    return { delta, force: false };
+  const { [FORCE_FIT_KEY]: force, ...rest } = delta as Record<string, unknown>;
+  if (typeof force !== 'boolean') throw badValue(`${FORCE_FIT_KEY} must be true or false`, FORCE_FIT_KEY);
+  return { delta: rest, force };
+}
+
+function fitReply(fit: EngineFit | undefined): Record<string, unknown> | null {
+  if (!fit) return null;
+  return 'report' in fit ? fitToWire(fit.report) : { fits: null, reason: fit.unknown };
 }
 
 /** Reads arch, block count, embedding width and vocabulary size from a GGUF header. */
@@ -233,17 +272,78 @@ export class Controller {
       : (layers.get('state_chunk_size') as number);
   }
 
-  /** PLAN: what CONFIGURE would do, applying nothing. */
-  plan(delta: unknown): Pick<PlanResult, 'tier' | 'rebuild'> & { changes: object[] } {
-    const r = plan(this.#policy.target, delta);
+  /** PLAN: what CONFIGURE would do and whether it would fit, applying nothing. */
+  async plan(delta: unknown): Promise<PlanReply> {
+    const { delta: own } = takeForce(delta);
+    const { delta: full, applied } = this.#withDefaults(await this.#expandCombine(own));
+    const r = plan(this.#policy.target, full);
     const model = this.engine.model;
     if (model && r.changes.some((c) => c.via === 'sampler'))
       checkSampler(model, samplerParamsFrom(r.next), SAMPLER_KEYS);
+    const fit = await this.#fitOf(r);
     return {
       tier: r.tier,
       changes: r.changes.map(({ key, from, to, tier }) => ({ key, from, to, tier })),
       rebuild: r.rebuild,
+      fit: fitReply(fit),
+      ...(applied ? { defaults_applied: applied } : {}),
     };
+  }
+
+  /**
+   * The fit verdict of the configuration `r` leads to: its model over the devices it loads to,
+   * counting what the configuration in force frees first (all of it for a reload, its context for
+   * a context rebuild). Undefined when no model is configured.
+   */
+  async #fitOf(r: PlanResult): Promise<EngineFit | undefined> {
+    const name = r.next.model as string;
+    if (!name) return undefined;
+    const facts = await modelFacts(await this.resolveModel(name));
+    const engine = this.engine;
+    const loaded = engine.model !== undefined;
+    const devices = await freshDevices(2000, loaded);
+    const built = engine.builtConfig;
+    let current: { facts: typeof facts; cfg: typeof built & object; frees: 'model' | 'context' } | undefined;
+    if (loaded && built && engine.modelPath) {
+      current = {
+        facts: await modelFacts(engine.modelPath),
+        cfg: built,
+        frees: r.rebuild === 'context' ? 'context' : 'model',
+      };
+    }
+    // A context rebuild keeps the model as loaded, "auto" choices included.
+    const next =
+      r.rebuild !== 'model' && built
+        ? { ...r.next, tensor_split: built.tensor_split, n_gpu_layers: built.n_gpu_layers }
+        : r.next;
+    return fitOf(facts, next, { devices, peerDevices: peerDeviceNames, fit: engine.fitSettings, current });
+  }
+
+  /**
+   * Registry defaults of the entry a `model` alias names (n_ctx, cache types, offload, overrides,
+   * split) under the request's own keys; the keys taken and their alias for the reply.
+   */
+  #withDefaults(delta: unknown): { delta: unknown; applied: Record<string, string> | undefined } {
+    if (!this.#registry || typeof delta !== 'object' || delta === null || Array.isArray(delta))
+      return { delta, applied: undefined };
+    const model = (delta as Record<string, unknown>).model;
+    const entry = typeof model === 'string' ? this.#registry.get(model) : undefined;
+    if (!entry) return { delta, applied: undefined };
+    let named: Record<string, unknown>;
+    try {
+      named = normalize(delta);
+    } catch {
+      // plan() reports what is wrong with the delta itself.
+      return { delta, applied: undefined };
+    }
+    const out: Record<string, unknown> = { ...(delta as Record<string, unknown>) };
+    const applied: Record<string, string> = {};
+    for (const [key, value] of Object.entries(entry.defaults)) {
+      if (value === undefined || key in named) continue;
+      out[key] = Array.isArray(value) ? [...value] : value;
+      applied[key] = `registry:${entry.alias}`;
+    }
+    return { delta: out, applied: Object.keys(applied).length > 0 ? applied : undefined };
   }
 
   /**
@@ -252,8 +352,18 @@ export class Controller {
    * failed load is this request's error) or deferred.
    */
   async configure(delta: unknown): Promise<ConfigureReply> {
-    const r = plan(this.#policy.target, await this.#expandCombine(delta));
+    const { delta: own, force } = takeForce(delta);
+    const { delta: full, applied } = this.#withDefaults(await this.#expandCombine(own));
+    const r = plan(this.#policy.target, full);
     await this.#precheck(r);
+    // T3: the whole new configuration (weights, KV, compute per device) against the memory it
+    // would have once the model in force is unloaded, refused before anything is unloaded.
+    let fit: EngineFit | undefined;
+    if (r.rebuild === 'model') {
+      fit = await this.#fitOf(r);
+      if (fit && 'report' in fit && !fit.report.fits && !force)
+        throw wontFit(fit.report, 'the configuration');
+    }
     const decision = this.#policy.submit(r, this.#clock());
     const done = this.#carry(decision, false);
     await done;
@@ -264,6 +374,18 @@ export class Controller {
       epoch: this.engine.epoch,
     };
     if (r.stateChunkSizeApplied !== undefined) reply.state_chunk_size_applied = r.stateChunkSizeApplied;
+    if (r.rebuild === 'model') reply.fit = fitReply(fit);
+    if (force && fit && 'report' in fit && !fit.report.fits) reply.forced = true;
+    const built = this.engine.builtConfig;
+    const asked = r.next;
+    if (
+      built &&
+      !reply.deferred_keys.includes('model') &&
+      (asked.tensor_split === 'auto' || asked.n_gpu_layers === 'auto')
+    ) {
+      reply.auto_chosen = { tensor_split: built.tensor_split, n_gpu_layers: built.n_gpu_layers };
+    }
+    if (applied) reply.defaults_applied = applied;
     return reply;
   }
 

@@ -10,12 +10,27 @@ import {
 } from '@hydra-engine/native-ggml';
 import type { ModelFacts, ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
-import { freshDevices, loadDevices, markPeerLost, registerPeer, safeDevices } from '../combine/devices.js';
+import {
+  freshDevices,
+  loadDevices,
+  markPeerLost,
+  peerDeviceNames,
+  registerPeer,
+  safeDevices,
+} from '../combine/devices.js';
 import { decideFailover } from '../combine/failover.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
 import { PeerRejoin } from '../combine/rejoin.js';
 import { HydraError } from '../errors.js';
-import { checkContext, computePlacement, hostFreeBytes, modelFacts, type Placement } from '../placement.js';
+import {
+  checkContext,
+  computePlacement,
+  type FitSettings,
+  hostFreeBytes,
+  modelFacts,
+  type Placement,
+  resolveAuto,
+} from '../placement.js';
 import { contextParamsFrom, modelParamsFrom } from './params.js';
 import type { Scheduler } from './scheduler.js';
 import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
@@ -53,6 +68,7 @@ export interface RuntimeOptions {
   log: Logger;
   counters: EngineCounters;
   scheduler: Scheduler;
+  fit: FitSettings;
 }
 
 /** Model, context and placement lifecycle of one engine. */
@@ -62,6 +78,7 @@ export class Runtime {
   readonly #log: Logger;
   readonly #counters: EngineCounters;
   readonly #scheduler: Scheduler;
+  readonly #fit: FitSettings;
   #state: EngineState = 'empty';
   #epoch = 0;
   #model: Model | undefined;
@@ -88,6 +105,7 @@ export class Runtime {
     this.#log = options.log;
     this.#counters = options.counters;
     this.#scheduler = options.scheduler;
+    this.#fit = options.fit;
   }
 
   get state(): EngineState {
@@ -101,6 +119,9 @@ export class Runtime {
   }
   get modelPath(): string | undefined {
     return this.#modelPath;
+  }
+  get builtConfig(): Params | undefined {
+    return this.#built?.cfg;
   }
   get placement(): Placement | undefined {
     return this.#placement;
@@ -145,7 +166,7 @@ export class Runtime {
 
   /** See `Engine.load`. */
   async load(options: { onProgress?: (p: number) => void; signal?: AbortSignal } = {}): Promise<void> {
-    const cfg = this.#layers.effective();
+    let cfg = this.#layers.effective();
     const name = cfg.model as string;
     if (!name) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model configured');
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'a model is already loading');
@@ -175,6 +196,12 @@ export class Runtime {
       const peers = (cfg.rpc_servers as string[]) ?? [];
       const peerBufts: string[] = [];
       for (const peer of peers) peerBufts.push(...(await registerPeer(peer)).bufferTypes);
+      // tensor_split/n_gpu_layers "auto": the planner's choice over the memory free after the unload.
+      cfg = resolveAuto(facts, cfg, {
+        devices: await freshDevices(2000, false),
+        peerDevices: peerDeviceNames,
+        fit: this.#fit,
+      }).cfg;
       const configured = modelParamsFrom(cfg, path);
       // MoE + COMBINE: the experts go to the first peer unless the overrides already place them.
       const dual = peers.length > 0 && (await isMoe(path));
@@ -269,8 +296,15 @@ export class Runtime {
       return;
     }
     if (rebuild === 'context' && this.#model) {
-      const cfg = this.#layers.effective();
       const built = this.#built;
+      // The model keys stay as the load resolved them (an "auto" split is the one chosen then).
+      const cfg = built
+        ? {
+            ...this.#layers.effective(),
+            tensor_split: built.cfg.tensor_split,
+            n_gpu_layers: built.cfg.n_gpu_layers,
+          }
+        : this.#layers.effective();
       const facts = this.#facts;
       // Refused before the context in force is touched (its memory counts as free: it goes first).
       if (facts) {
