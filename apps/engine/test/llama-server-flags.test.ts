@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FLAGS, parseServeArgs, usage } from '../src/args.js';
-import { HydraError } from '../src/errors.js';
+import type { HydraError } from '../src/errors.js';
 import { UNSUPPORTED_FLAGS } from '../src/llama-flags.js';
 import { engineWith, runCli, tinyModel } from './helpers.js';
 
@@ -122,7 +122,11 @@ describe("llama-server's flag names, values and defaults", () => {
         expect(e.message, name).toMatch(new RegExp(`^${name} is not supported yet: `));
       }
       // None of them is also an accepted flag.
-      for (const name of f.names) expect(FLAGS.some((s) => s.names.includes(name)), name).toBe(false);
+      for (const name of f.names)
+        expect(
+          FLAGS.some((s) => s.names.includes(name)),
+          name,
+        ).toBe(false);
     }
   });
 
