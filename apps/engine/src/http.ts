@@ -639,7 +639,7 @@ export class HttpApi {
       index: 0,
       content: result.text,
       tokens: body.return_tokens === true || stream ? result.tokens : [],
-      id_slot: -1,
+      id_slot: result.slot,
       stop: true,
       model,
       tokens_predicted: result.completionTokens,
@@ -843,8 +843,8 @@ export class HttpApi {
           rec.ttftMs ??= lastToken;
         }
       : undefined;
-    // llama-server's timings, seen from here: the prompt from submission (queue wait included) to
-    // the first token, generation from there to the end.
+    // llama-server's timings, seen from here: the prompt from admission to the first token,
+    // generation from there to the end.
     const submitted = performance.now();
     let firstToken: number | undefined;
     const nativeToken = native
@@ -906,7 +906,12 @@ export class HttpApi {
     const headers = { 'x-hydra-config-epoch': String(result.epoch) };
     if (native) {
       const ended = performance.now();
-      const timings = nativeTimings(result, (firstToken ?? ended) - submitted, ended - (firstToken ?? ended));
+      // The prompt's time from when the request got its slot (llama-server's timings start there).
+      const timings = nativeTimings(
+        result,
+        Math.max(0, (firstToken ?? ended) - submitted - result.queueMs),
+        ended - (firstToken ?? ended),
+      );
       const final = pickFields(body.response_fields, {
         ...this.#nativeFinal(body, params, prompt, result, model, stream),
         timings,

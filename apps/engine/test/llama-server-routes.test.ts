@@ -219,6 +219,8 @@ describe('llama-server routes in its shapes', () => {
     expect(r.json.timings.predicted_n).toBe(10);
     expect(r.json.timings.prompt_n + r.json.timings.cache_n).toBe(r.json.tokens_evaluated);
     expect(r.json.timings.predicted_per_second).toBeGreaterThan(0);
+    const pinned = await post('/completion', { prompt, ...greedy, id_slot: 1 });
+    expect(pinned.json.id_slot).toBe(1);
     const picked = await post('/completion', {
       prompt,
       ...greedy,
