@@ -140,6 +140,17 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
     expect((await complete(eng, { ...body, stop: [] })).text).toBe(full.text);
   });
 
+  it('feeds a long prompt in chunks of n_batch beside a running stream with the one-step tokens', async () => {
+    const chunked = await engineWith(['-m', model, '-np', '2', '-c', '2048', '-b', '16']);
+    open.push(chunked);
+    const long = Array.from({ length: 20 }, (_, i) => `the ${i} cat`).join(' and ');
+    const body = (prompt: string) => ({ prompt, max_tokens: 12, ignore_eos: true, cache_prompt: false });
+    const [stream, whole] = [await complete(eng, body('Hello world')), await complete(eng, body(long))];
+    const [s, w] = await Promise.all([complete(chunked, body('Hello world')), complete(chunked, body(long))]);
+    expect(chunked.engine.counters.promptChunks).toBeGreaterThan(4);
+    expect([s.text, w.text]).toEqual([stream.text, whole.text]);
+  });
+
   it('serves two slots at once with the same tokens as one at a time', async () => {
     const prompts = ['Hello world', 'one two three four five'];
     const alone: string[] = [];
