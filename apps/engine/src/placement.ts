@@ -383,8 +383,10 @@ export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): Engine
   }));
   const prefer =
     inputs.fit.prefer && list.some((d) => d.name === inputs.fit.prefer) ? inputs.fit.prefer : undefined;
+  // Host-only: every layer is planned onto the one device CPU (no split, nothing left "on the host").
+  const { tensorSplit: _s, nGpuLayers: _n, ...hostOnly } = fitOptions(facts, cfg, list);
   const report = planFit(facts, {
-    ...fitOptions(facts, cfg, list),
+    ...(target.kind === 'host' ? hostOnly : fitOptions(facts, cfg, list)),
     devices,
     marginBytes: Math.floor((inputs.fit.targetMib ?? 0) * mib),
     ...(prefer ? { prefer } : {}),

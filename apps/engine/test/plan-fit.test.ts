@@ -103,6 +103,18 @@ describe('CONFIGURE refuses what will not fit before unloading anything', () => 
     expect(a.engine.modelPath).toBe(model);
   });
 
+  it('an "auto" choice that fits nowhere is refused before the unload, force_fit or not', async () => {
+    const epoch = a.engine.epoch;
+    for (const force of [false, true]) {
+      const e = await code(
+        a.controller.configure({ n_gpu_layers: 'auto', device_memory_cap: ['CPU=1'], force_fit: force }),
+      );
+      expect(e.code).toBe('HYDRA_ERR_WONT_FIT');
+    }
+    expect(a.engine.epoch).toBe(epoch);
+    expect(a.engine.state).toBe('ready');
+  });
+
   it('n_gpu_layers "auto" loads with the offload count the planner chose (all on the host here)', async () => {
     const r = await a.controller.configure({ n_gpu_layers: 'auto' });
     expect(r.params_applied).toMatchObject({ n_gpu_layers: 'auto' });

@@ -361,8 +361,10 @@ export class Controller {
     let fit: EngineFit | undefined;
     if (r.rebuild === 'model') {
       fit = await this.#fitOf(r);
-      if (fit && 'report' in fit && !fit.report.fits && !force)
-        throw wontFit(fit.report, 'the configuration');
+      // An "auto" choice that fits nowhere has nothing to force: the load would refuse it after the unload.
+      const auto = r.next.tensor_split === 'auto' || r.next.n_gpu_layers === 'auto';
+      if (fit && 'report' in fit && !fit.report.fits && (!force || auto))
+        throw wontFit(fit.report, auto ? 'no split or offload count' : 'the configuration');
     }
     const decision = this.#policy.submit(r, this.#clock());
     const done = this.#carry(decision, false);
