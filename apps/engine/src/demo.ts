@@ -17,7 +17,10 @@ interface Child {
 
 function startChild(name: string, args: string[], io: Io): Child {
   const self = selfCommand();
-  const proc = spawn(self.file, [...self.args, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  // Text log lines: the demo shows them to a person (a pipe would get JSON).
+  const proc = spawn(self.file, [...self.args, ...args, '--log-format', 'text'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   const lines: string[] = [];
   const waiters: { re: RegExp; resolve(m: RegExpExecArray): void }[] = [];
   let buf = '';
@@ -175,7 +178,8 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
     const end = performance.now();
     const n = usage?.completion_tokens ?? 0;
     io.stdout.write(
-      `\n\ndemo: ${n} tokens in ${((end - t0) / 1000).toFixed(2)} s; ${((n - 1) / Math.max((end - first) / 1000, 1e-6)).toFixed(1)} tokens/s ` +
+      '\n\ndemo: the text is noise, as expected: the tiny model has random weights (a real GGUF answers in words)\n' +
+        `demo: ${n} tokens in ${((end - t0) / 1000).toFixed(2)} s; ${((n - 1) / Math.max((end - first) / 1000, 1e-6)).toFixed(1)} tokens/s ` +
         `after the first token (time to first token ${(first - t0).toFixed(0)} ms, prompt ${usage?.prompt_tokens ?? 0} tokens)\n`,
     );
     const health = (await (await fetch(`${headHttp}/health`)).json()) as {
@@ -190,6 +194,9 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
         `  layers ${r.first}-${r.last}${r.output ? ' + output' : ''}: ${r.device} (${where})\n`,
       );
     }
+    // The peer's hosts report a running session's socket counters once a second: wait for the
+    // report that covers the completion, so the figures are the bytes that crossed the wire.
+    await new Promise((r) => setTimeout(r, 1200));
     const metrics = await (await fetch(`${peerHttp}/metrics`)).text();
     const rpcLines = metrics
       .split('\n')

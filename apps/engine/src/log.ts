@@ -52,6 +52,10 @@ function textLine(json: string): string {
     return json;
   }
   const { level, time, msg, pid: _pid, hostname: _host, ...rest } = o;
+  // A request line's message already reads "METHOD route status".
+  if (rest.event === 'request') {
+    for (const k of ['event', 'method', 'route', 'status']) delete rest[k];
+  }
   const extra = Object.entries(rest)
     .map(([k, v]) => `${k}=${typeof v === 'string' && !/\s/.test(v) ? v : JSON.stringify(v)}`)
     .join(' ');
