@@ -51,6 +51,18 @@ function piece(bytes: Uint8Array): string | number[] {
   }
 }
 
+/**
+ * One native call per token (a piece each): a 1 MB text is 160k of them, so the loop yields to
+ * the event loop between slices and `/health` keeps answering.
+ */
+async function inSlices(ids: Int32Array, each: (id: number) => void): Promise<void> {
+  const SLICE = 2048;
+  for (let at = 0; at < ids.length; at += SLICE) {
+    if (at > 0) await new Promise((r) => setImmediate(r));
+    for (const id of ids.subarray(at, at + SLICE)) each(id);
+  }
+}
+
 function fingerprint(engine: Engine): ModelFingerprint {
   const m = engine.model!.info;
   return {
@@ -246,7 +258,11 @@ export class LlamaRoutes {
     const model = engine.model!;
     const ids = await model.tokenizeAsync(content, { addSpecial, parseSpecial });
     if (!withPieces) return { tokens: [...ids] };
-    return { tokens: [...ids].map((id) => ({ id, piece: piece(model.tokenBytes(id, true)) })) };
+    const out: { id: number; piece: string | number[] }[] = [];
+    await inSlices(ids, (id) => {
+      out.push({ id, piece: piece(model.tokenBytes(id, true)) });
+    });
+    return { tokens: out };
   }
 
   async #detokenize(req: IncomingMessage): Promise<unknown> {
@@ -266,7 +282,11 @@ export class LlamaRoutes {
     for (const t of ids)
       if (t < 0 || t >= nVocab) throw bad(`token ids must be in 0..${nVocab - 1}, got ${t}`, 'tokens');
     // llama-server concatenates each token's piece, specials rendered.
-    return { content: Buffer.concat([...ids].map((t) => model.tokenBytes(t, true))).toString('utf8') };
+    const parts: Buffer[] = [];
+    await inSlices(ids, (t) => {
+      parts.push(model.tokenBytes(t, true));
+    });
+    return { content: Buffer.concat(parts).toString('utf8') };
   }
 
   async #applyTemplate(req: IncomingMessage): Promise<unknown> {
