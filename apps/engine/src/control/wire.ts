@@ -167,6 +167,7 @@ export function controlRoutes(
   const allow = new Allowlist(options.allowFrom);
   const post: Record<string, (body: Record<string, unknown>) => Promise<object>> = {
     '/control/configure': async (b) => c.configure(b),
+    '/control/plan': async (b) => c.plan(b),
     '/control/load_model': (b) => c.loadModel(b),
     '/control/set_expert_mode': (b) => c.setExpertMode(b),
   };
