@@ -53,9 +53,24 @@ function prepare(data: Uint8Array, chat: boolean, maxMessages: number): Outcome 
     for (let i = 0; i < messages.length; i++) {
       const m = messages[i];
       if (typeof m !== 'object' || m === null) return bad(`messages[${i}] must be an object`, 'messages');
-      const { role, content } = m as Record<string, unknown>;
+      const { role, content, tool_calls, tool_call_id, reasoning_content } = m as Record<string, unknown>;
       if (typeof role !== 'string' || role.length === 0)
         return bad(`messages[${i}].role must be a string`, 'messages');
+      // The legacy template renderer takes a role and a text: these would be dropped unseen.
+      const lost =
+        Array.isArray(tool_calls) && tool_calls.length > 0
+          ? 'tool_calls'
+          : tool_call_id !== undefined && tool_call_id !== null
+            ? 'tool_call_id'
+            : typeof reasoning_content === 'string' && reasoning_content !== ''
+              ? 'reasoning_content'
+              : undefined;
+      if (lost)
+        return fail(
+          'HYDRA_ERR_UNSUPPORTED_FIELD',
+          `messages[${i}].${lost} is not supported yet (it needs Jinja chat templates)`,
+          'messages',
+        );
       let text = '';
       if (typeof content === 'string') text = content;
       else if (Array.isArray(content)) {

@@ -133,6 +133,26 @@ describe('llama-server routes in its shapes', () => {
       }
     }
     expect((await post('/apply-template', { messages, chat_template_kwargs: {} })).status).toBe(200);
+    // Message fields the legacy renderer would drop unseen.
+    for (const [extra, field] of [
+      [
+        {
+          role: 'assistant',
+          content: '',
+          tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }],
+        },
+        'tool_calls',
+      ],
+      [{ role: 'tool', content: '42', tool_call_id: 'c1' }, 'tool_call_id'],
+      [{ role: 'assistant', content: 'x', reasoning_content: 'because' }, 'reasoning_content'],
+    ] as const) {
+      for (const path of ['/apply-template', '/v1/chat/completions']) {
+        const r = await post(path, { messages: [...messages, extra], max_tokens: 1 });
+        expect(r.status, `${path} ${field}`).toBe(400);
+        expect(r.json.error.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+        expect(r.json.error.message).toContain(`messages[1].${field}`);
+      }
+    }
     expect((await post('/apply-template', { messages, add_generation_prompt: 1 })).json.error.keys).toEqual([
       'add_generation_prompt',
     ]);
