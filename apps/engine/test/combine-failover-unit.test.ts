@@ -3,6 +3,7 @@ import { planSplit } from '@hydra-engine/resolver';
 import { defaults } from '@hydra-engine/tiering';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { decideFailover, memoryCaps } from '../src/combine/failover.js';
+import { portGone, watchPeers } from '../src/combine/load-watch.js';
 import { PeerRejoin } from '../src/combine/rejoin.js';
 import { modelFacts } from '../src/placement.js';
 import { tinyModel } from './helpers.js';
@@ -199,5 +200,59 @@ describe('PeerRejoin (probe backoff, idle wait, bound)', () => {
     expect(() => new PeerRejoin({ ...base, peers: [] })).toThrow(
       expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }),
     );
+  });
+});
+
+describe('watchPeers (peer loss while a load or a context build runs)', () => {
+  const never = () => new Promise<string>(() => undefined);
+
+  it('a newly parked ggml-RPC thread ends the call with PEER_LOST; what it returns later is abandoned', async () => {
+    let parked = 3;
+    let release: (v: string) => void = () => undefined;
+    const work = new Promise<string>((r) => {
+      release = r;
+    });
+    const abandoned: string[] = [];
+    const p = watchPeers(['127.0.0.1:1'], 'the model load', work, (v) => abandoned.push(v), {
+      intervalMs: 5,
+      parked: () => parked,
+      gone: async () => undefined,
+    });
+    setTimeout(() => {
+      parked = 4;
+    }, 30);
+    await expect(p).rejects.toMatchObject({
+      code: 'HYDRA_ERR_PEER_LOST',
+      details: { peers: ['127.0.0.1:1'] },
+    });
+    release('model');
+    await new Promise((r) => setTimeout(r, 10));
+    expect(abandoned).toEqual(['model']);
+  });
+
+  it('a refused port ends it too; a live peer (or none configured) leaves the call alone', async () => {
+    const refused = watchPeers(['127.0.0.1:1'], 'the context build', never(), () => undefined, {
+      intervalMs: 5,
+      probeMs: 10,
+      parked: () => 0,
+      gone: async () => 'connect ECONNREFUSED',
+    });
+    await expect(refused).rejects.toMatchObject({ code: 'HYDRA_ERR_PEER_LOST' });
+    const ok = watchPeers(['127.0.0.1:1'], 'the model load', Promise.resolve('m'), () => undefined, {
+      parked: () => 0,
+      gone: async () => 'x',
+    });
+    await expect(ok).resolves.toBe('m');
+    await expect(watchPeers([], 'x', Promise.resolve(1), () => undefined)).resolves.toBe(1);
+  });
+
+  it('portGone names a port nothing listens on and passes one that accepts', async () => {
+    const { createServer } = await import('node:net');
+    const srv = createServer((s) => s.destroy());
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const port = (srv.address() as { port: number }).port;
+    expect(await portGone(`127.0.0.1:${port}`, 1000)).toBeUndefined();
+    await new Promise<void>((r) => srv.close(() => r()));
+    expect(await portGone(`127.0.0.1:${port}`, 1000)).toMatch(/ECONNREFUSED/);
   });
 });

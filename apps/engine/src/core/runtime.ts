@@ -19,6 +19,7 @@ import {
   safeDevices,
 } from '../combine/devices.js';
 import { decideFailover } from '../combine/failover.js';
+import { watchPeers } from '../combine/load-watch.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
 import { PeerRejoin } from '../combine/rejoin.js';
 import { HydraError } from '../errors.js';
@@ -216,10 +217,13 @@ export class Runtime {
       const loadOpts: { onProgress?: (p: number) => void; signal?: AbortSignal } = {};
       if (options.onProgress) loadOpts.onProgress = options.onProgress;
       if (options.signal) loadOpts.signal = options.signal;
-      this.#model = await Model.load(params, loadOpts);
+      // A peer lost during the load ends it (HYDRA_ERR_PEER_LOST) instead of hanging on it.
+      this.#model = await watchPeers(peers, 'the model load', Model.load(params, loadOpts), (m) =>
+        ABANDONED.push(m),
+      );
       this.#modelPath = path;
       this.#facts = facts;
-      await this.#createContext(cfg, facts);
+      await this.#createContext(cfg, facts, peers);
       this.#mode = undefined;
       if (dual) {
         // The SOLO placement stays resident beside the COMBINED one, with its own context, so
@@ -247,6 +251,15 @@ export class Runtime {
       this.#epoch += 1;
       this.#scheduler.kick();
     } catch (err) {
+      if (err instanceof HydraError && err.code === 'HYDRA_ERR_PEER_LOST') {
+        // What was built holds buffers on the lost peer: freeing it would wait on it for good.
+        const peers = (cfg.rpc_servers as string[]) ?? [];
+        for (const p of peers) markPeerLost(p);
+        ABANDONED.push(this.#model, this.#scheduler.detach(), this.#standby);
+        this.#model = undefined;
+        this.#standby = undefined;
+        this.#log.warn(`hydra-engine: HYDRA_ERR_PEER_LOST during a load: ${err.message}`);
+      }
       await this.#unload();
       this.#state = 'error';
       this.#lastError = (err as Error).message;
@@ -257,9 +270,19 @@ export class Runtime {
     }
   }
 
-  async #createContext(cfg: Params, facts: ModelFacts | undefined): Promise<void> {
+  async #createContext(
+    cfg: Params,
+    facts: ModelFacts | undefined,
+    peers: readonly string[] = [],
+  ): Promise<void> {
     const model = this.#model!;
-    this.#scheduler.attach(model, await model.createContext(contextParamsFrom(cfg)));
+    const ctx = await watchPeers(
+      peers,
+      'the context build',
+      model.createContext(contextParamsFrom(cfg)),
+      (c) => ABANDONED.push(c),
+    );
+    this.#scheduler.attach(model, ctx);
     this.#built = { facts, cfg };
   }
 
@@ -317,6 +340,17 @@ export class Runtime {
         try {
           await this.#rebuildContexts(cfg, facts);
         } catch (err) {
+          if (err instanceof HydraError && err.code === 'HYDRA_ERR_PEER_LOST') {
+            // The model's weights are on the lost peer too: no context can be built on it again.
+            // The failover runs once the caller has put the configuration back (its own catch).
+            const peers = [...(this.#layers.get('rpc_servers') as string[])];
+            setTimeout(() => {
+              // Unless the watchdog saw the loss first and has failed over already.
+              if (peers.length > 0 && (this.#layers.get('rpc_servers') as string[]).join() === peers.join())
+                void this.failOver(err.message, peers).catch(() => undefined);
+            }, 0);
+            throw err;
+          }
           // Atomic: the context the previous configuration built comes back, or the state says error.
           if (!built) throw err;
           try {
@@ -344,7 +378,7 @@ export class Runtime {
   async #rebuildContexts(cfg: Params, facts: ModelFacts | undefined): Promise<void> {
     await this.#scheduler.detach()?.dispose();
     this.#built = undefined;
-    await this.#createContext(cfg, facts);
+    await this.#createContext(cfg, facts, this.#layers.get('rpc_servers') as string[]);
     if (this.#standby) {
       await this.#standby.ctx.dispose();
       this.#standby.ctx = await this.#standby.model.createContext(contextParamsFrom(cfg));

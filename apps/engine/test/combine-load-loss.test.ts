@@ -1,0 +1,70 @@
+import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { greedy, spawnEngine } from './combine-helpers.js';
+import { tinyModel, waitFor } from './helpers.js';
+
+// Issue 22: a peer lost while a CONFIGURE loads a model over ggml-RPC. Before, the load thread
+// parked on the dead peer and the CONFIGURE never answered (state loading for good).
+describe('peer loss during a CONFIGURE load', () => {
+  const PROMPT = 'Hello world, this is a test';
+  let tiny: string;
+  let big: string;
+  const procs: ChildProcess[] = [];
+  beforeAll(async () => {
+    tiny = await tinyModel();
+    // Large enough that its upload to the peer takes a while on loopback (0.85 GB).
+    big = join(mkdtempSync(join(tmpdir(), 'hydra-load-loss-')), '1b.gguf');
+    await writeSyntheticModel({ arch: 'llama', shape: '1b', quant: 'q4_0', seed: 1, out: big });
+  }, 120_000);
+  afterAll(() => {
+    for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
+  });
+
+  it('ends the CONFIGURE with HYDRA_ERR_PEER_LOST and the previous configuration serves again', async () => {
+    const head = await spawnEngine(['-m', tiny, '-c', '1024']);
+    procs.push(head.child);
+    const before = await greedy(head.url, PROMPT);
+    expect(before.status).toBe(200);
+    const peer = await spawnEngine([]);
+    procs.push(peer.child);
+
+    const started = performance.now();
+    const reply = fetch(`${head.url}/control/configure`, {
+      method: 'POST',
+      body: JSON.stringify({ model: big, rpc_servers: [peer.rpc], devices: ['RPC0'], n_gpu_layers: 99 }),
+    }).then((r) => r.json() as Promise<{ success: boolean; error?: { code: string }; code?: string }>);
+    // Killed once the load is under way (the weights streaming to the peer).
+    await waitFor(async () => {
+      const h = (await fetch(`${head.url}/health`).then((r) => r.json())) as { state: string };
+      return h.state === 'loading';
+    }, 20_000);
+    await new Promise((r) => setTimeout(r, 300));
+    const killedAt = performance.now();
+    peer.child.kill('SIGKILL');
+    const r = await reply;
+    const answered = performance.now();
+    console.log(
+      `load loss: CONFIGURE answered ${(answered - killedAt).toFixed(0)} ms after kill -9 (${(killedAt - started).toFixed(0)} ms into it)`,
+    );
+    expect(r.success).toBe(false);
+    expect(JSON.stringify(r)).toContain('HYDRA_ERR_PEER_LOST');
+    expect(answered - killedAt).toBeLessThan(10_000);
+    await waitFor(async () => {
+      const h = (await fetch(`${head.url}/health`).then((x) => x.json())) as { state: string };
+      return h.state === 'ready';
+    }, 20_000);
+    const status = (await fetch(`${head.url}/control/status`).then((x) => x.json())) as {
+      mode: string;
+      model: { path?: string };
+      last_rebuild_failure?: { code: string; restored: boolean };
+    };
+    expect(status.mode).toBe('solo');
+    expect(status.last_rebuild_failure).toMatchObject({ code: 'HYDRA_ERR_PEER_LOST', restored: true });
+    expect(await greedy(head.url, PROMPT)).toEqual(before);
+    expect(head.child.exitCode).toBeNull();
+  }, 180_000);
+});
