@@ -5,6 +5,7 @@ import {
   type EngineProcess,
   health,
   metrics,
+  requireOpcodes,
   rssBytes,
   sleep,
   spawnEngine,
@@ -21,15 +22,14 @@ import { recordFigures } from './lib/figures.js';
  * configuration must equal the last valid value of every key.
  *
  * One connection carries the changing requests, in order, so "last valid" is well defined; a
- * second one sends only requests that must change nothing, concurrently. Runs only when the
- * engine registers CONFIGURE (HELLO lists the opcodes it serves).
+ * second one sends only requests that must change nothing, concurrently. An engine whose HELLO
+ * does not list CONFIGURE fails the suite in beforeAll.
  */
 
 const TOTAL = Number(process.env.HYDRA_RECONFIGURE_REQUESTS ?? 1000);
 const SIDE_SHARE = 0.25; // of TOTAL, on the second connection
 
 let eng: EngineProcess;
-let hasConfigure = false;
 const fig: Record<string, unknown> = {};
 
 beforeAll(async () => {
@@ -38,9 +38,7 @@ beforeAll(async () => {
     // deferred T2/T3 changes wait for idle slots; no stream may be cut by the drain timeout here
     env: { HYDRA_COORD_PROFILE_SWITCH_DRAIN_TIMEOUT: '120s' },
   });
-  const c = await HydraClient.connect({ port: eng.rpcPort! });
-  hasConfigure = ((await c.hello()).opcodes as number[]).includes(OPCODES.CONFIGURE);
-  await c.close();
+  await requireOpcodes(eng.rpcPort!, 'CONFIGURE');
 });
 
 afterAll(async () => {
@@ -180,11 +178,7 @@ function streamLoad(workers: number) {
 }
 
 describe('reconfigure under load', () => {
-  it(`${TOTAL} mixed CONFIGURE requests while streams run: replies correct, no stream lost, final state = last valid`, async (ctx) => {
-    if (!hasConfigure) {
-      fig.skipped = 'engine serves no CONFIGURE';
-      ctx.skip();
-    }
+  it(`${TOTAL} mixed CONFIGURE requests while streams run: replies correct, no stream lost, final state = last valid`, async () => {
     const main = await HydraClient.connect({ port: eng.rpcPort!, timeoutMs: 60_000 });
     const side = await HydraClient.connect({ port: eng.rpcPort!, encoding: 'msgpack', timeoutMs: 60_000 });
     const load = streamLoad(2);
@@ -283,8 +277,7 @@ describe('reconfigure under load', () => {
     await side.close();
   }, 240_000);
 
-  it('rebuilds that fail under load leave the engine serving the previous configuration, reported', async (ctx) => {
-    if (!hasConfigure) ctx.skip();
+  it('rebuilds that fail under load leave the engine serving the previous configuration, reported', async () => {
     const c = await HydraClient.connect({ port: eng.rpcPort!, timeoutMs: 60_000 });
     await c.configure({ n_ctx: 512 });
     await waitFor(async () => (await c.status()).deferred_keys.length === 0, 30_000, 'settled');
@@ -362,8 +355,7 @@ describe('reconfigure under load', () => {
     await c.close();
   }, 240_000);
 
-  it('a CONFIGURE reply never arrives for a closed connection: the port keeps serving', async (ctx) => {
-    if (!hasConfigure) ctx.skip();
+  it('a CONFIGURE reply never arrives for a closed connection: the port keeps serving', async () => {
     // T2 changes sent and the connection dropped at once, 50 times
     for (let i = 0; i < 50; i++) {
       const c = await HydraClient.connect({ port: eng.rpcPort! });

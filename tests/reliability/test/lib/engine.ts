@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { freeLoopbackPort as freePort } from '@hydra-engine/engine';
+import { HydraClient, OPCODES, type OpcodeName } from '@hydra-engine/hydra-rpc';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 
 export const REPO = join(dirname(fileURLToPath(import.meta.url)), '../../../..');
@@ -111,6 +112,22 @@ export async function spawnEngine(
 }
 
 export { freePort };
+
+/**
+ * Throws unless the engine's HELLO lists every opcode in `names`. A suite calls it before testing
+ * what those opcodes serve, so an engine that stopped serving one fails the suite instead of
+ * passing it by skipping.
+ */
+export async function requireOpcodes(rpcPort: number, ...names: OpcodeName[]): Promise<void> {
+  const c = await HydraClient.connect({ port: rpcPort });
+  try {
+    const served = new Set((await c.hello()).opcodes as number[]);
+    const missing = names.filter((n) => !served.has(OPCODES[n]));
+    if (missing.length > 0) throw new Error(`the engine's HELLO does not list ${missing.join(', ')}`);
+  } finally {
+    await c.close();
+  }
+}
 
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
