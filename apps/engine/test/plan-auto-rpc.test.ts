@@ -106,6 +106,12 @@ describe('tensor_split auto on capped CPU devices', () => {
     const refused = await post('/control/configure', { tensor_split: [1, 4] });
     expect(refused.success).toBe(false);
     expect(refused.error.code).toBe('HYDRA_ERR_WONT_FIT');
+    const short = refused.error.details.devices.find((d: any) => d.name === 'RPC1');
+    expect(short).toMatchObject({
+      fits: false,
+      cap_bytes: capMib * MIB,
+      layers: { first: 1, last: 3, count: 3 },
+    });
     const after = await status();
     expect(after.epoch).toBe(epoch);
     expect(after.state).toBe('ready');

@@ -1,7 +1,8 @@
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { complete, variant } from './control-helpers.js';
+import { complete, freePort, variant } from './control-helpers.js';
 import { engineWith, runCli, tinyModel } from './helpers.js';
 
 // PLAN's fit verdict, CONFIGURE's refusal of what will not fit (before anything is unloaded),
@@ -11,6 +12,7 @@ type Running = Awaited<ReturnType<typeof engineWith>>;
 let model: string;
 let other: string;
 let a: Running;
+let rpcPort: number;
 const MIB = 1024 * 1024;
 
 async function code(p: Promise<unknown>): Promise<{ code: string; keys?: string[]; details?: any }> {
@@ -27,7 +29,8 @@ beforeAll(async () => {
   other = await variant(model, 'llama', 'f16');
   const cfg = join(dirname(model), 'fit.yaml');
   writeFileSync(cfg, `models:\n  tiny2:\n    path: ${other}\n    n_ctx: 768\n    cache_type_k: q8_0\n`);
-  a = await engineWith(['-m', model, '-c', '1024', '--config', cfg]);
+  rpcPort = await freePort();
+  a = await engineWith(['-m', model, '-c', '1024', '--config', cfg, '--rpc-port', String(rpcPort)]);
 }, 60_000);
 afterAll(async () => {
   await a?.close();
@@ -71,6 +74,23 @@ describe('PLAN answers the fit question', () => {
       ['compute', d.compute_bytes],
     ];
     expect(d.binding).toBe(parts.reduce((x, y) => (y[1] > x[1] ? y : x))[0]);
+  });
+});
+
+describe.each(['json', 'msgpack'] as const)('over the Hydra port (%s)', (encoding) => {
+  it('PLAN carries fit; a refused CONFIGURE carries the figures in error.details', async () => {
+    const c = await HydraClient.connect({ port: rpcPort, encoding, timeoutMs: 30_000 });
+    try {
+      const p = (await c.plan({ model: other, device_memory_cap: ['CPU=1'] })) as any;
+      expect(p.fit.fits).toBe(false);
+      expect(p.fit.devices[0]).toMatchObject({ name: 'CPU', cap_bytes: MIB });
+      const e = await code(c.configure({ model: other, device_memory_cap: ['CPU=1'] }));
+      expect(e.code).toBe('HYDRA_ERR_WONT_FIT');
+      expect(e.details.devices[0]).toMatchObject({ name: 'CPU', fits: false });
+      expect(a.engine.modelPath).toBe(model);
+    } finally {
+      c.close();
+    }
   });
 });
 

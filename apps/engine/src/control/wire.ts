@@ -103,6 +103,8 @@ function fail(res: ServerResponse, err: unknown): void {
       code,
       message: (err as Error)?.message ?? String(err),
       ...(e?.keys?.length ? { keys: e.keys } : {}),
+      // As the wire carries them (HYDRA_ERR_WONT_FIT's per-device figures, a peer's address).
+      ...(e?.details ? { details: e.details } : {}),
     },
   });
 }
