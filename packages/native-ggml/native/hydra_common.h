@@ -42,8 +42,9 @@ struct hydra_model {
 
 // One OS thread per context that runs all of its compute. libuv hands AsyncWorker jobs to any of its
 // pool threads, and each thread that calls ggml's CPU backend gets its own OpenMP team, which keeps
-// spinning after its region: measured on 2 cores, decode through rotating pool threads ran at 0.10x
-// of llama-bench and on one pinned thread at 0.67x (tiny model, where the per-call cost dominates).
+// spinning after its region: rotating pool threads would multiply the teams (figures in
+// docs/decisions.md, 2026-11-29). One per context rather than one per process, so a step parked on
+// a lost COMBINE peer holds only its own context.
 class hydra_runner {
 public:
     hydra_runner() : thread([this] { loop(); }) {}
