@@ -103,6 +103,8 @@ export interface ServeArgs {
   settings: ServeSettings;
   help: boolean;
   version: boolean;
+  /** Startup keys taken from the registry entry of the `-m` alias, as `key -> registry:ALIAS`. */
+  defaultsApplied: Record<string, string>;
 }
 
 type Kind = 'string' | 'int' | 'number' | 'list' | 'numbers' | 'flag' | 'repeat' | 'file' | 'bias';
@@ -1102,9 +1104,18 @@ export function parseServeArgs(
   }
   // The merged port is off unless asked for (the registry's default is llama.cpp's 50052).
   const startup: Params = { rpc_port: 0, ...fromFile, ...cli };
+  // A model chosen by alias brings its registry defaults: above the file's own keys, below flags.
+  const entry = registry && typeof startup.model === 'string' ? registry.get(startup.model) : undefined;
+  const defaultsApplied: Record<string, string> = {};
+  for (const [key, value] of Object.entries(entry?.defaults ?? {})) {
+    if (value === undefined || key in cli) continue;
+    startup[key] = Array.isArray(value) ? [...value] : value;
+    defaultsApplied[key] = `registry:${entry!.alias}`;
+  }
   return {
     layers: new ConfigLayers(startup),
     registry,
+    defaultsApplied,
     settings,
     help: flags.has('@help'),
     version: flags.has('@version'),

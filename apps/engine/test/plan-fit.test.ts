@@ -2,6 +2,7 @@ import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseServeArgs } from '../src/args.js';
 import { complete, freePort, variant } from './control-helpers.js';
 import { engineWith, runCli, tinyModel } from './helpers.js';
 
@@ -158,6 +159,26 @@ describe('registry defaults by alias', () => {
     const p = (await a.controller.plan({ model: 'tiny2', n_ctx: 640 })) as any;
     expect(p.defaults_applied).toEqual({ cache_type_k: 'registry:tiny2' });
     await a.controller.configure({ model, n_ctx: 1024, cache_type_k: 'f16' });
+  });
+});
+
+describe('registry defaults at startup (-m ALIAS)', () => {
+  it('apply above the config file keys and below the flags', () => {
+    const cfg = join(dirname(model), 'fit-start.yaml');
+    writeFileSync(
+      cfg,
+      `n_ctx: 4096\nmodels:\n  tiny2:\n    path: ${other}\n    n_ctx: 768\n    cache_type_k: q8_0\n`,
+    );
+    const byAlias = parseServeArgs(['--config', cfg, '-m', 'tiny2']);
+    expect(byAlias.layers.get('n_ctx')).toBe(768);
+    expect(byAlias.layers.get('cache_type_k')).toBe('q8_0');
+    expect(byAlias.defaultsApplied).toEqual({ n_ctx: 'registry:tiny2', cache_type_k: 'registry:tiny2' });
+    const flagged = parseServeArgs(['--config', cfg, '-m', 'tiny2', '-c', '512']);
+    expect(flagged.layers.get('n_ctx')).toBe(512);
+    expect(flagged.defaultsApplied).toEqual({ cache_type_k: 'registry:tiny2' });
+    const byPath = parseServeArgs(['--config', cfg, '-m', other]);
+    expect(byPath.layers.get('n_ctx')).toBe(4096);
+    expect(byPath.defaultsApplied).toEqual({});
   });
 });
 
