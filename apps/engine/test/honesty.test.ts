@@ -216,7 +216,7 @@ const TABLE: Record<string, Check> = {
     kind: 'passed',
     value: 1,
     field: 'overrides',
-    want: ['blk\\.0\\.ffn_(up|down|gate)_exps=CPU'],
+    want: ['blk\\.0\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU'], // llama.cpp's llm_ffn_exps_block_regex(0)
     why: 'experts stay on the host anyway on a CPU-only machine (and the tiny model is dense)',
   },
   // Honoured by the COMBINE path; combine.test.ts and combine-loss.test.ts serve it from real peers.

@@ -32,8 +32,14 @@ export interface CombineDelta {
 
 /** Host-side placements of an MoE model's embedding and output tensors (the v4 table's defaults). */
 export const MOE_HOST_OVERRIDES: readonly string[] = ['token_embd=CPU', 'output=CPU', 'output_norm=CPU'];
-/** Expert tensors, as llama.cpp's LLM_FFN_EXPS_REGEX spells them. */
-export const EXPERT_TENSOR_REGEX = 'blk\\.\\d+\\.ffn_(up|down|gate|gate_up)_(ch|)exps';
+// llama.cpp's LLM_FFN_EXPS_REGEX: merged gate_up and channel-wise (chexps) expert tensors included.
+const FFN_EXPS = '\\.ffn_(up|down|gate|gate_up)_(ch|)exps';
+/** Every expert FFN tensor of every block: the `-ot` pattern that moves a MoE model's experts. */
+export const EXPERT_TENSOR_REGEX = `blk\\.\\d+${FFN_EXPS}`;
+/** The expert tensors of block `layer` alone (llama.cpp's `llm_ffn_exps_block_regex`, as `--n-cpu-moe` builds them). */
+export function expertBlockRegex(layer: number): string {
+  return `blk\\.${layer}${FFN_EXPS}`;
+}
 const DEFAULT_N_GPU_LAYERS = 99;
 const DEFAULT_N_CPU_MOE = 8;
 

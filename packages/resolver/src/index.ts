@@ -3,6 +3,7 @@ export {
   type CombineMode,
   type CombineRequest,
   EXPERT_TENSOR_REGEX,
+  expertBlockRegex,
   MOE_HOST_OVERRIDES,
   resolveCombine,
 } from './combine.js';

@@ -1,6 +1,6 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { EXPERT_TENSOR_REGEX, resolveCombine } from '../src/combine.js';
+import { EXPERT_TENSOR_REGEX, expertBlockRegex, resolveCombine } from '../src/combine.js';
 import { readGguf } from '../src/gguf/reader.js';
 import { modelClassOf } from '../src/model-facts.js';
 import { ModelRegistry } from '../src/registry.js';
@@ -147,6 +147,23 @@ describe('resolveCombine: the unified COMBINE table', () => {
       'blk.1.ffn_up_exps.weight',
       'blk.1.ffn_down_exps.weight',
     ]);
+  });
+
+  it('spells the expert tensors as llama.cpp does: merged gate_up and chexps too, one block alone', () => {
+    const all = new RegExp(`^${EXPERT_TENSOR_REGEX}`);
+    const three = new RegExp(`^${expertBlockRegex(3)}`);
+    for (const name of [
+      'blk.3.ffn_gate_up_exps.weight',
+      'blk.3.ffn_down_chexps.weight',
+      'blk.3.ffn_up_exps.weight',
+    ]) {
+      expect(all.test(name), name).toBe(true);
+      expect(three.test(name), name).toBe(true);
+    }
+    for (const name of ['blk.3.ffn_gate_shexp.weight', 'blk.3.ffn_up.weight'])
+      expect(all.test(name), name).toBe(false);
+    expect(three.test('blk.13.ffn_up_exps.weight')).toBe(false);
+    expect(three.test('blk.4.ffn_up_exps.weight')).toBe(false);
   });
 
   it('rejects what it cannot resolve', () => {

@@ -1,9 +1,6 @@
 // MoE + COMBINE: where the experts go.
-import { readGguf } from '@hydra-engine/resolver';
+import { EXPERT_TENSOR_REGEX, readGguf } from '@hydra-engine/resolver';
 import { fileSource } from '../placement.js';
-
-/** The llama.cpp `-ot` pattern of every expert FFN tensor (`blk.N.ffn_{up,down,gate}_exps`). */
-export const EXPERT_PATTERN = 'blk\\.\\d+\\.ffn_(up|down|gate)_exps';
 
 /** Whether the GGUF at `path` declares experts (`<arch>.expert_count` > 0), read from its header. */
 export async function isMoe(path: string): Promise<boolean> {
@@ -24,5 +21,5 @@ export async function isMoe(path: string): Promise<boolean> {
 export function expertOverrides(overrides: string[] | undefined, bufferType: string): string[] {
   const list = overrides ?? [];
   if (list.some((o) => o.includes('_exps'))) return list;
-  return [...list, `${EXPERT_PATTERN}=${bufferType}`];
+  return [...list, `${EXPERT_TENSOR_REGEX}=${bufferType}`];
 }

@@ -1,5 +1,5 @@
 import type { ContextParams, ModelLoadParams, SamplerParams, SamplerStage } from '@hydra-engine/native-ggml';
-import { LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
+import { expertBlockRegex, LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
 
@@ -16,7 +16,7 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
   // Past llama.cpp's 512 layers (LLAMA_MAX_LAYERS) an override matches no block: the registry
   // allows n_cpu_moe up to 2^31, and one string per value would take the JS heap down first.
   const nCpuMoe = Math.min((cfg.n_cpu_moe as number) ?? 0, LLAMA_MAX_LAYERS);
-  for (let i = 0; i < nCpuMoe; i++) overrides.push(`blk\\.${i}\\.ffn_(up|down|gate)_exps=CPU`);
+  for (let i = 0; i < nCpuMoe; i++) overrides.push(`${expertBlockRegex(i)}=CPU`);
   const kvOverrides = ((cfg.kv_overrides as string[]) ?? []).map((spec) => {
     const m = /^([^=]+)=(int|float|bool|str):(.*)$/.exec(spec);
     if (!m)
