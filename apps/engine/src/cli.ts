@@ -32,6 +32,13 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
         await runDemo(rest, io);
         return 0;
       case 'rpc-host':
+        if (rest.includes('--help') || rest.includes('-h')) {
+          io.stdout.write(
+            'hydra-engine rpc-host\n\nInternal: one ggml-RPC session of the merged port (--rpc-port), started by the\n' +
+              'engine with its IPC channel; not for use by hand.\n',
+          );
+          return 0;
+        }
         // A child of this engine's merged port (see native-ggml rpc-host.ts); exits with its channel.
         runRpcHost(sea ? { workerFilename: join(dirname(process.execPath), 'rpc-worker.cjs') } : {});
         return await new Promise<number>(() => {});

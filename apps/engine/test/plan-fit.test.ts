@@ -214,10 +214,10 @@ describe('hydra-engine plan', () => {
     ]);
     expect(capped.code).toBe(1);
     expect(capped.out).toMatch(/does NOT fit: CUDA0 short by/);
-    for (const sub of ['plan', 'bench-client', 'demo', 'synth-model']) {
+    for (const sub of ['plan', 'bench-client', 'demo', 'synth-model', 'rpc-host', 'serve']) {
       const h = await runCli([sub, '--help']);
       expect([sub, h.code]).toEqual([sub, 0]);
-      expect(h.out).toContain(sub === 'synth-model' ? 'synth' : sub);
+      expect(h.out).toContain(sub === 'synth-model' ? 'synth' : sub === 'serve' ? '--port' : sub);
     }
     const bad = await runCli(['plan', '-m', model, '--device', 'X=1', '--device-memory-cap', 'Y=1']);
     expect(bad.code).toBe(2);
