@@ -98,6 +98,9 @@ std::string fmt(const char * f, ...) {
 
 bool is_f(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
 bool rows_ok(const ggml_tensor * t) { return t->nb[0] == ggml_type_size(t->type); }
+bool all_f32(const ggml_tensor * a, const ggml_tensor * b, const ggml_tensor * c) {
+    return a->type == GGML_TYPE_F32 && b->type == GGML_TYPE_F32 && c->type == GGML_TYPE_F32;
+}
 
 // Shapes and types valid for the op, from the op's own constructor asserts (ggml.c) and the CPU
 // kernels' asserts and type switches (ggml-cpu/ops.cpp, binary-ops.cpp, unary-ops.cpp). An op not
@@ -343,6 +346,79 @@ const char * op_check(const ggml_tensor * t) {
                     t->ne[2] == s0->ne[2] && t->ne[3] == s0->ne[3],
                 "sort: shape");
             return nullptr;
+        // The recurrent ops of hybrid and linear-attention models: the rules are ggml.c's
+        // constructors, plus what the CPU kernels index without asserting (ggml-cpu/ops.cpp).
+        case GGML_OP_SSM_CONV: {
+            REQ(s0 && s1 && all_f32(t, s0, s1), "SSM_CONV: F32 only");
+            REQ(ggml_is_3d(s0) && ggml_is_matrix(s1), "SSM_CONV: ranks");
+            const int64_t d_conv = s1->ne[0], d_inner = s1->ne[1], n_t = s0->ne[0] - d_conv + 1;
+            REQ(n_t >= 0 && s0->ne[1] == d_inner, "SSM_CONV: shapes");
+            REQ(t->ne[0] == d_inner && t->ne[1] == n_t && t->ne[2] == s0->ne[2] && t->ne[3] == 1, "SSM_CONV: result shape");
+            REQ(rows_ok(s0) && s0->nb[1] == s0->ne[0] * sizeof(float) && ggml_is_contiguous(s1), "SSM_CONV: not contiguous");
+            return nullptr;
+        }
+        case GGML_OP_SSM_SCAN: {
+            // src6 holds state row ids (data: which rows of s a sequence starts from)
+            const ggml_tensor * st = s0, * x = s1, * dt = s2, * A = t->src[3], * B = t->src[4], * C = t->src[5], * ids = t->src[6];
+            REQ(st && x && dt && A && B && C && ids, "SSM_SCAN needs seven sources");
+            REQ(all_f32(t, st, x) && all_f32(dt, A, B) && C->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32, "SSM_SCAN: types");
+            const int64_t K = t->op_params[0];
+            REQ(K >= 1, "SSM_SCAN: K");
+            REQ(ggml_is_contiguous(st) && ggml_is_contiguous(dt) && ggml_is_contiguous(A) && ggml_is_contiguous(t), "SSM_SCAN: not contiguous");
+            REQ(rows_ok(x) && rows_ok(B) && rows_ok(C) && rows_ok(ids) && x->nb[1] == x->ne[0] * x->nb[0] && B->nb[1] == B->ne[0] * B->nb[0] &&
+                    C->nb[1] == C->ne[0] * C->nb[0] && ggml_are_same_shape(B, C),
+                "SSM_SCAN: B/C/x layout");
+            const int64_t d_state = st->ne[0], head_dim = x->ne[0], n_head = x->ne[1], n_tok = x->ne[2], n_seqs = x->ne[3];
+            REQ(dt->ne[0] == n_head && dt->ne[1] == n_tok && dt->ne[2] == n_seqs && ggml_is_3d(dt), "SSM_SCAN: dt shape");
+            REQ(st->ne[1] == head_dim && st->ne[2] == n_head && B->ne[0] == d_state && B->ne[2] == n_tok && B->ne[3] == n_seqs, "SSM_SCAN: shapes");
+            REQ(B->ne[1] != 0 && n_head % B->ne[1] == 0, "SSM_SCAN: groups");
+            REQ(ids->ne[0] == n_seqs && ggml_is_vector(ids), "SSM_SCAN: ids shape");
+            REQ(A->ne[1] == n_head && ggml_is_matrix(A) && (A->ne[0] == 1 || (A->ne[0] == d_state && K == 1)), "SSM_SCAN: A shape");
+            REQ(ggml_nelements(t) == ggml_nelements(x) + K * d_state * head_dim * n_head * n_seqs, "SSM_SCAN: result size");
+            return nullptr;
+        }
+        case GGML_OP_GATED_DELTA_NET: {
+            const ggml_tensor * q = s0, * k = s1, * v = s2, * g = t->src[3], * beta = t->src[4], * st = t->src[5];
+            REQ(q && k && v && g && beta && st, "GATED_DELTA_NET needs six sources");
+            REQ(all_f32(t, q, k) && all_f32(v, g, beta) && st->type == GGML_TYPE_F32, "GATED_DELTA_NET: F32 only");
+            REQ(ggml_is_contiguous_rows(q) && ggml_is_contiguous_rows(k) && ggml_is_contiguous_rows(v) && ggml_is_contiguous(g) &&
+                    ggml_is_contiguous(beta) && ggml_is_contiguous(st) && ggml_is_contiguous(t),
+                "GATED_DELTA_NET: not contiguous");
+            const int64_t S = v->ne[0], H = v->ne[1], T = v->ne[2], NS = v->ne[3], K = t->op_params[0];
+            REQ(K >= 1 && (g->ne[0] == 1 || g->ne[0] == S) && beta->ne[0] == 1, "GATED_DELTA_NET: gate");
+            REQ(st->ne[0] == S && st->ne[1] == S && st->ne[2] == H && st->ne[3] == NS, "GATED_DELTA_NET: state shape");
+            // the kernel reads S values of q and k per head (modulo their head counts) and token
+            REQ(q->ne[0] == S && k->ne[0] == S && q->ne[1] != 0 && k->ne[1] != 0 && q->ne[2] == T && k->ne[2] == T && q->ne[3] != 0 &&
+                    k->ne[3] != 0 && NS % q->ne[3] == 0 && NS % k->ne[3] == 0,
+                "GATED_DELTA_NET: q/k shapes");
+            REQ(g->ne[1] == H && g->ne[2] == T && g->ne[3] == NS && beta->ne[1] == H && beta->ne[2] == T && beta->ne[3] == NS, "GATED_DELTA_NET: g/beta shapes");
+            REQ(t->ne[0] == S * H && t->ne[1] == T * NS + K * S * NS && t->ne[2] == 1 && t->ne[3] == 1, "GATED_DELTA_NET: result shape");
+            return nullptr;
+        }
+        case GGML_OP_RWKV_WKV6:
+        case GGML_OP_RWKV_WKV7:
+        case GGML_OP_GATED_LINEAR_ATTN: {
+            // sources: wkv6 k v r tf td state; wkv7 r w k v a b state; gla k v q g state
+            const int n_src = t->op == GGML_OP_RWKV_WKV6 ? 6 : t->op == GGML_OP_RWKV_WKV7 ? 7 : 5;
+            const ggml_tensor * st = t->src[n_src - 1];
+            const ggml_tensor * k = t->op == GGML_OP_RWKV_WKV7 ? s2 : s0;
+            for (int j = 0; j < n_src; j++) {
+                REQ(t->src[j] && t->src[j]->type == GGML_TYPE_F32 && ggml_is_contiguous(t->src[j]), "linear attention: F32 contiguous sources");
+            }
+            REQ(t->type == GGML_TYPE_F32 && ggml_is_contiguous(t), "linear attention: F32 contiguous result");
+            const int64_t S = k->ne[0], H = k->ne[1], T = k->ne[2], NS = st->ne[1];
+            for (int j = 0; j < n_src - 1; j++) {
+                const ggml_tensor * x = t->src[j];
+                if (t->op == GGML_OP_RWKV_WKV6 && j == 3) {
+                    REQ(ggml_nelements(x) >= S * H, "RWKV_WKV6: time_faaaa size");  // read as [S, H]
+                    continue;
+                }
+                REQ(x->ne[0] == S && x->ne[1] == H && x->ne[2] == T && x->ne[3] == 1, "linear attention: shapes");
+            }
+            REQ(NS >= 1 && T % NS == 0 && ggml_nelements(st) == S * S * H * NS, "linear attention: state shape");
+            REQ(t->ne[0] == S * H && t->ne[1] == T + S * NS && t->ne[2] == 1 && t->ne[3] == 1, "linear attention: result shape");
+            return nullptr;
+        }
         default:
             return "op not on the allowlist";
     }
@@ -601,7 +677,7 @@ private:
         t.view_offs = (size_t) w.view_offs;
         if (w.buffer == 0) {
             if (need_buffer) {
-                throw refuse{fmt("tensor %" PRIu64 ": no buffer", w.id)};
+                throw refuse{fmt("tensor %" PRIu64 " (op %u, ne %u %u %u %u, data 0x%" PRIx64 "): no buffer", w.id, w.op, w.ne[0], w.ne[1], w.ne[2], w.ne[3], w.data)};
             }
             return;
         }
@@ -1020,7 +1096,15 @@ private:
         used.clear();
         for (uint32_t i = 0; i < n_tensors; i++) {
             buf_info * b = nullptr;
-            tensor(wire[i], tens[i], true, (int) device, &b);
+            // a tensor the head never allocated (no buffer, no data: an unused leaf) is accepted as
+            // upstream accepts it; a node that computes into it or reads it is refused below
+            tensor(wire[i], tens[i], false, (int) device, &b);
+            if (b == nullptr) {
+                if (wire[i].data != 0) {
+                    throw refuse{fmt("GRAPH_COMPUTE: tensor %" PRIu64 " has data but no buffer", wire[i].id)};
+                }
+                continue;
+            }
             if (b->mark != epoch) {
                 b->mark = epoch;
                 used.push_back(b->ptr);
@@ -1058,8 +1142,26 @@ private:
                 throw refuse{fmt("GRAPH_COMPUTE: node %u id %" PRIu64 " names no tensor", i, id)};
             }
             const ggml_tensor * t = &tens[k];
+            if (ggml_op_is_empty_view(t->op) && t->src[0] == nullptr) {
+                throw refuse{fmt("GRAPH_COMPUTE: node %u (%s) is a view without a source", i, ggml_op_desc(t))};
+            }
+            if (ggml_is_empty(t) || t->op == GGML_OP_NONE || ggml_op_is_empty_view(t->op)) {
+                // backends skip these nodes (ggml-cpu.c ggml_graph_compute_thread, ggml-cuda's
+                // graph loop; views compute nothing): no op rule applies (an empty MUL_MAT of a
+                // micro-batch with no outputs has strides such as 2048, 0, 0)
+                continue;
+            }
+            if (t->data == nullptr) {
+                throw refuse{fmt("GRAPH_COMPUTE: node %u (%s) computes into a tensor with no buffer", i, ggml_op_desc(t))};
+            }
+            for (int j = 0; j < GGML_MAX_SRC; j++) {
+                const ggml_tensor * s = t->src[j];
+                if (s != nullptr && s->data == nullptr && !ggml_is_empty(s)) {
+                    throw refuse{fmt("GRAPH_COMPUTE: node %u (%s) reads src[%d] (%s, ne %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 ") with no buffer", i, ggml_op_desc(t), j, ggml_op_desc(s), s->ne[0], s->ne[1], s->ne[2], s->ne[3])};
+                }
+            }
             if (const char * why = op_check(t)) {
-                throw refuse{fmt("GRAPH_COMPUTE: node %u (%s): %s", i, ggml_op_desc(t), why)};
+                throw refuse{fmt("GRAPH_COMPUTE: node %u (%s): %s [ne %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 " nb %zu %zu %zu %zu]", i, ggml_op_desc(t), why, t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3])};
             }
             if (t->op != GGML_OP_NONE && !ggml_op_is_empty_view(t->op) && !ggml_backend_dev_supports_op(dev, t)) {
                 throw refuse{fmt("GRAPH_COMPUTE: node %u (%s) not supported by %s", i, ggml_op_desc(t), ggml_backend_dev_name(dev))};

@@ -22,7 +22,9 @@ import {
   GGML_OP_ADD,
   GGML_OP_ADD_ID,
   GGML_OP_CUSTOM,
+  GGML_OP_MUL_MAT,
   GGML_OP_SET_ROWS,
+  GGML_OP_SSM_CONV,
   GGML_TYPE_I32,
   GGML_TYPE_I64,
   graphCompute,
@@ -687,6 +689,90 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
       ctx.conn.write(graph(0, [4n], [a, b, ids, out([4, 1, 1, 1])]));
       expect(await ctx.conn.waitClosed(3000)).toBe(true);
       expect((await srv.summaries[0]!).reason).toContain('ADD_ID: shapes');
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('an empty MUL_MAT (a micro-batch with no outputs: strides 2048, 0, 0) passes; a node that computes into or reads an unallocated tensor is refused', async () => {
+    const srv = await startGuardedServer({});
+    try {
+      const ctx = await open(srv.port);
+      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
+        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
+        ne,
+        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+      });
+      const w = f32(1n, 0n, [4, 2, 1, 1]);
+      const x = f32(2n, 64n, [4, 0, 1, 1]);
+      const mm = (id: bigint, src: bigint[], ne1: number): RpcTensor => ({
+        ...f32(id, 128n, [2, ne1, 1, 1]),
+        op: GGML_OP_MUL_MAT,
+        src,
+        flags: COMPUTE,
+      });
+      // an unused leaf the head never allocated: no buffer, no data (upstream accepts it)
+      const unalloc: RpcTensor = { ...f32(3n, 0n, [4, 1, 1, 1]), buffer: 0n, data: 0n };
+      ctx.conn.write(graph(0, [4n], [w, x, unalloc, mm(4n, [1n, 2n], 0)]));
+      ctx.conn.write(command(CMD.GET_ALIGNMENT, u32(0)));
+      expect((await ctx.conn.reply())?.byteLength).toBe(8);
+      // the same rows with one output row compute
+      const x1 = f32(2n, 64n, [4, 1, 1, 1]);
+      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
+      ctx.conn.write(setTensor(w, 0n, floats([1, 0, 0, 0, 0, 1, 0, 0])));
+      ctx.conn.write(setTensor(x1, 0n, floats([5, 6, 7, 8])));
+      ctx.conn.write(graph(0, [4n], [w, x1, mm(4n, [1n, 2n], 1)]));
+      ctx.conn.write(getTensor(mm(4n, [1n, 2n], 1), 0n, 8n));
+      expect(await ctx.conn.reply()).toEqual(floats([5, 6]));
+      ctx.conn.write(graph(0, [4n], [w, unalloc, { ...mm(4n, [1n, 3n], 1), ne: [2, 1, 1, 1] }]));
+      expect(await ctx.conn.waitClosed(3000)).toBe(true);
+      expect((await srv.summaries[0]!).reason).toContain('MUL_MAT) reads src[1]');
+      const ctx2 = await open(srv.port);
+      const into: RpcTensor = { ...mm(4n, [1n, 2n], 1), buffer: 0n, data: 0n };
+      ctx2.conn.write(
+        graph(
+          0,
+          [4n],
+          [
+            { ...w, buffer: ctx2.buf, data: ctx2.base },
+            { ...x1, buffer: ctx2.buf, data: ctx2.base + 64n },
+            into,
+          ],
+        ),
+      );
+      expect(await ctx2.conn.waitClosed(3000)).toBe(true);
+      expect((await srv.summaries[1]!).reason).toContain('computes into a tensor with no buffer');
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('a valid SSM_CONV graph (the short convolution of hybrid models) passes the guard and computes; a wrong-shaped one is refused', async () => {
+    const srv = await startGuardedServer({});
+    try {
+      const ctx = await open(srv.port);
+      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
+        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
+        ne,
+        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+      });
+      const sx = f32(1n, 0n, [3, 1, 1, 1]); // d_conv - 1 + n_t = 3 columns of d_inner 1
+      const c = f32(2n, 64n, [2, 1, 1, 1]); // d_conv 2
+      const out = (ne: [number, number, number, number]): RpcTensor => ({
+        ...f32(3n, 128n, ne),
+        op: GGML_OP_SSM_CONV,
+        src: [1n, 2n],
+        flags: COMPUTE,
+      });
+      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
+      ctx.conn.write(setTensor(sx, 0n, floats([1, 2, 3])));
+      ctx.conn.write(setTensor(c, 0n, floats([10, 1])));
+      ctx.conn.write(graph(0, [3n], [sx, c, out([1, 2, 1, 1])]));
+      ctx.conn.write(getTensor(out([1, 2, 1, 1]), 0n, 8n));
+      expect(await ctx.conn.reply()).toEqual(floats([12, 23]));
+      ctx.conn.write(graph(0, [3n], [sx, c, out([1, 3, 1, 1])]));
+      expect(await ctx.conn.waitClosed(3000)).toBe(true);
+      expect((await srv.summaries[0]!).reason).toContain('SSM_CONV: result shape');
     } finally {
       await srv.close();
     }

@@ -42,8 +42,10 @@ export const GGML_TENSOR_FLAG_COMPUTE = 16;
 export const GGML_OP_NONE = 0;
 export const GGML_OP_ADD = 2;
 export const GGML_OP_ADD_ID = 3;
+export const GGML_OP_MUL_MAT = 29;
 export const GGML_OP_SCALE = 32;
 export const GGML_OP_SET_ROWS = 42;
+export const GGML_OP_SSM_CONV = 76;
 export const GGML_OP_CUSTOM = 95;
 export const GGML_OP_COUNT = 101;
 
