@@ -1,6 +1,6 @@
 import { basename } from 'node:path';
 import { HydraPort, OPCODES, type RpcHostSpec } from '@hydra-engine/hydra-rpc';
-import { initBackend, installRpcAbortPark, peekFirstByte } from '@hydra-engine/native-ggml';
+import { GGML_RPC_VERSION, initBackend, installRpcAbortPark, peekFirstByte } from '@hydra-engine/native-ggml';
 import { rpcHostPath } from '@hydra-engine/native-ggml/rpc-host';
 import { DRAIN_TIMEOUT_ENV, parseDrainTimeout } from '@hydra-engine/tiering';
 import type { ServeArgs } from './args.js';
@@ -201,7 +201,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     port.handle('HELLO', () => ({
       protocol: 1,
       engine: { name: 'hydra-engine', version: ENGINE_VERSION },
-      ggml_rpc: { major: 6, minor: 0, patch: 0 },
+      ggml_rpc: { ...GGML_RPC_VERSION },
       opcodes: Object.values(OPCODES).filter((o) => o !== OPCODES.PIPELINE_ATTACH),
       devices: engine
         .devices()

@@ -104,6 +104,9 @@ export function describeDevices(names: readonly string[]): Promise<NativeDevice[
   return callAsync(() => native().devicesDescribe([...names]));
 }
 
+/** The ggml-RPC protocol version of the pinned llama.cpp (`RPC_PROTO_*_VERSION` in ggml-rpc.h). */
+export const GGML_RPC_VERSION = { major: 6, minor: 0, patch: 0 } as const;
+
 const RPC_CMD_HELLO = 14;
 const HELLO_REQ_SIZE = 24;
 const HELLO_RSP_SIZE = 28;
@@ -151,12 +154,13 @@ export function probeRpcServer(
       const rsp = Buffer.concat(chunks);
       socket.destroy();
       if (rsp.readBigUInt64LE(0) !== BigInt(HELLO_RSP_SIZE)) {
-        fail('not a ggml-RPC server of protocol 6 (HELLO reply size differs)');
+        fail(`not a ggml-RPC server of protocol ${GGML_RPC_VERSION.major} (HELLO reply size differs)`);
         return;
       }
       const version = { major: rsp[8]!, minor: rsp[9]!, patch: rsp[10]! };
-      if (version.major !== 6) {
-        fail(`speaks ggml-RPC ${version.major}.${version.minor}.${version.patch}, this build speaks 6.x`);
+      if (version.major !== GGML_RPC_VERSION.major) {
+        const v = `${version.major}.${version.minor}.${version.patch}`;
+        fail(`speaks ggml-RPC ${v}, this build speaks ${GGML_RPC_VERSION.major}.x`);
         return;
       }
       resolve(version);
