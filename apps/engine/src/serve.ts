@@ -126,6 +126,15 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     drainTimeoutMs,
     stateTimeoutMs: args.settings.stateTimeoutMs,
     maxStateUploadBytes: args.settings.maxStateUploadBytes,
+    // The indexer starts with the merged port (below); a CONFIGURE waits for the port anyway.
+    ...((t4.rpc_port as number) > 0
+      ? {
+          indexWeights: (files: readonly string[]) =>
+            weights
+              ? weights.index(files)
+              : Promise.reject(new HydraError('HYDRA_ERR_LOADING', 'the merged port is not listening yet')),
+        }
+      : {}),
   });
   const metrics = new EngineMetrics(engine, (t4.rpc_port as number) > 0 ? () => port?.stats() : undefined);
   const allowFrom = (t4.control_allow_from as string[]).map((c) =>

@@ -26,6 +26,8 @@ export interface WeightsIndexerOptions {
  */
 export function startWeightsIndexer(options: WeightsIndexerOptions): {
   ready: Promise<WeightsIndexAdded[]>;
+  /** Indexes `files` now (CONFIGURE `rpc_weights`); rejects with the first file that cannot be. */
+  index(files: readonly string[]): Promise<WeightsIndexAdded[]>;
   stop(): void;
 } {
   const { engine, log } = options;
@@ -68,5 +70,19 @@ export function startWeightsIndexer(options: WeightsIndexerOptions): {
     });
   }, options.pollMs ?? 1000);
   timer.unref();
-  return { ready, stop: () => clearInterval(timer) };
+  const index = async (files: readonly string[]): Promise<WeightsIndexAdded[]> => {
+    const out: WeightsIndexAdded[] = [];
+    for (const file of files) {
+      // The hosts are told first: the head's session runs in one of them.
+      options.onFile?.(file);
+      const r = await rpcWeightsIndexAdd(file);
+      if (!r.already)
+        log(
+          `hydra-engine: ggml-RPC weights index (CONFIGURE): ${r.file} (${r.indexed} tensors, ${(r.bytes / 1e6).toFixed(0)} MB, ${r.ms.toFixed(0)} ms)`,
+        );
+      out.push(r);
+    }
+    return out;
+  };
+  return { ready, index, stop: () => clearInterval(timer) };
 }

@@ -36,6 +36,13 @@ export interface ControllerOptions {
   stateTimeoutMs?: number;
   /** Bytes all unfinished STATE_PUT uploads may declare (`total`) together (default 1 GiB). */
   maxStateUploadBytes?: number;
+  /**
+   * Indexes GGUF files for the merged port's SET_TENSOR_HASH (CONFIGURE `rpc_weights`); absent
+   * without `--rpc-port`, and `rpc_weights` is then refused.
+   */
+  indexWeights?: (
+    files: readonly string[],
+  ) => Promise<{ file: string; indexed: number; bytes: number; already: boolean }[]>;
 }
 
 interface Transfer {
@@ -64,6 +71,8 @@ export interface ConfigureReply {
   defaults_applied?: Record<string, string>;
   /** `force_fit: true` loaded a configuration the planner predicted would not fit. */
   forced?: true;
+  /** The `rpc_weights` files indexed for SET_TENSOR_HASH (tensors and bytes added; `already`: indexed before). */
+  rpc_weights_indexed?: { file: string; tensors: number; bytes: number; already: boolean }[];
 }
 
 /** PLAN's reply: what CONFIGURE would do, and whether the result would fit. */
@@ -130,6 +139,24 @@ function intField(
   return v;
 }
 
+/** The Hydra-level CONFIGURE key naming GGUFs this engine's merged port serves weights from. */
+export const RPC_WEIGHTS_KEY = 'rpc_weights';
+
+/** Splits `rpc_weights` (1..64 file paths) off a CONFIGURE delta. */
+function takeWeights(delta: unknown): { delta: unknown; files: string[] | undefined } {
+  if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !(RPC_WEIGHTS_KEY in delta))
+    return { delta, files: undefined };
+  const { [RPC_WEIGHTS_KEY]: files, ...rest } = delta as Record<string, unknown>;
+  if (
+    !Array.isArray(files) ||
+    files.length === 0 ||
+    files.length > 64 ||
+    !files.every((f) => typeof f === 'string' && f.length > 0 && f.length <= 4096)
+  )
+    throw badValue(`${RPC_WEIGHTS_KEY} must be a list of 1 to 64 file paths`, RPC_WEIGHTS_KEY);
+  return { delta: rest, files: files as string[] };
+}
+
 /** Splits the Hydra-level `force_fit` flag off a CONFIGURE/PLAN delta (refused unless a boolean). */
 function takeForce(delta: unknown): { delta: unknown; force: boolean } {
   if (typeof delta !== 'object' || delta === null || Array.isArray(delta) || !(FORCE_FIT_KEY in delta))
@@ -180,6 +207,7 @@ export class Controller {
   #lastTick = 0;
   readonly #drainTimeoutMs: number;
   readonly #probe: (endpoint: string) => Promise<unknown>;
+  readonly #indexWeights: ControllerOptions['indexWeights'];
   readonly #log: (message: string) => void;
   #lastFailure: RebuildFailure | undefined;
   #policy: DeferralPolicy;
@@ -205,6 +233,9 @@ export class Controller {
     this.#registry = options.registry;
     this.#drainTimeoutMs = drainTimeoutMs;
     this.#probe = options.probe ?? ((e) => probeRpcServer(e));
+    if (options.indexWeights !== undefined && typeof options.indexWeights !== 'function')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.indexWeights must be a function');
+    this.#indexWeights = options.indexWeights;
     if (options.log !== undefined && typeof options.log !== 'function')
       throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.log must be a function');
     this.#log = options.log ?? ((m) => process.stderr.write(`${m}\n`));
@@ -352,7 +383,26 @@ export class Controller {
    * failed load is this request's error) or deferred.
    */
   async configure(delta: unknown): Promise<ConfigureReply> {
-    const { delta: own, force } = takeForce(delta);
+    const { delta: withoutWeights, files } = takeWeights(delta);
+    let indexed: ConfigureReply['rpc_weights_indexed'];
+    if (files) {
+      if (!this.#indexWeights)
+        throw new HydraError(
+          'HYDRA_ERR_UNSUPPORTED_FIELD',
+          `${RPC_WEIGHTS_KEY} needs a --rpc-port to serve from`,
+          {
+            keys: [RPC_WEIGHTS_KEY],
+          },
+        );
+      // Before the rest of the delta: a head names the file it is about to load over this port.
+      indexed = (await this.#indexWeights(files)).map((r) => ({
+        file: r.file,
+        tensors: r.indexed,
+        bytes: r.bytes,
+        already: r.already,
+      }));
+    }
+    const { delta: own, force } = takeForce(withoutWeights);
     const { delta: full, applied } = this.#withDefaults(await this.#expandCombine(own));
     const r = plan(this.#policy.target, full);
     await this.#precheck(r);
@@ -388,6 +438,7 @@ export class Controller {
       reply.auto_chosen = { tensor_split: built.tensor_split, n_gpu_layers: built.n_gpu_layers };
     }
     if (applied) reply.defaults_applied = applied;
+    if (indexed) reply.rpc_weights_indexed = indexed;
     return reply;
   }
 

@@ -21,6 +21,7 @@ import {
 import { decideFailover } from '../combine/failover.js';
 import { watchPeers } from '../combine/load-watch.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
+import { tellPeersWeights } from '../combine/peer-weights.js';
 import { PeerRejoin } from '../combine/rejoin.js';
 import { HydraError } from '../errors.js';
 import {
@@ -188,6 +189,17 @@ export class Runtime {
       throw e;
     });
     const samePath = target === this.#modelPath;
+    const toTell = (cfg.rpc_servers as string[]) ?? [];
+    if (toTell.length > 0) {
+      // Hydra peers index the file first and then receive none of its large tensors.
+      for (const r of await tellPeersWeights(toTell, target)) {
+        if (r.error === undefined)
+          this.#log.info(
+            `hydra-engine: peer ${r.peer} indexed ${target} (${r.already ? 'already' : `${r.tensors} tensors`})`,
+          );
+        else this.#log.info(`hydra-engine: peer ${r.peer} not told to index ${target}: ${r.error}`);
+      }
+    }
     // Queued prompts stay valid across a reload of the same file (same vocabulary).
     await this.#unload(samePath);
     this.#state = 'loading';
