@@ -356,10 +356,13 @@ export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): Engine
       ? [{ name: 'CPU', freeBytes: hostFree }]
       : target.list.map((d) => ({ name: d.name, freeBytes: Math.max(0, Math.floor(d.free)) }));
   const held = new Map<string, number>();
+  let hostHeld = 0;
   const cur = inputs.current;
   if (cur) {
     const was = fitOf(cur.facts, cur.cfg, { ...inputs, current: undefined, fit: {} });
     if ('report' in was) {
+      const h = was.report.host;
+      hostHeld = cur.frees === 'model' ? h.weightBytes + h.kvBytes : h.kvBytes;
       for (const d of was.report.devices) {
         const bytes =
           cur.frees === 'model'
@@ -367,6 +370,8 @@ export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): Engine
             : d.kvBytes + d.recurrentBytes + d.computeBytes;
         held.set(d.name, bytes);
       }
+      // A host-only configuration in force held its memory as the device CPU.
+      if (target.kind !== 'host') hostHeld += held.get('CPU') ?? 0;
     }
   }
   const mib = 1024 * 1024;
@@ -390,6 +395,8 @@ export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): Engine
     devices,
     marginBytes: Math.floor((inputs.fit.targetMib ?? 0) * mib),
     ...(prefer ? { prefer } : {}),
+    // What stays off the devices must fit the host too (a host-only plan is the host already).
+    ...(target.kind === 'host' ? {} : { hostFreeBytes: hostFree + hostHeld }),
   });
   return { report };
 }

@@ -27,6 +27,12 @@ export interface FitOptions extends Omit<SplitPlanOptions, 'devices' | 'tensorSp
   readonly nGpuLayers?: number | 'auto';
   /** The device `auto` gives the most layers; default the last device (llama.cpp lists RPC devices first, the local one last). */
   readonly prefer?: string;
+  /**
+   * Host memory for what stays off the devices (token_embd, layers not offloaded, their KV); when
+   * given, the host must hold it too, so `nGpuLayers: 'auto'` never answers by keeping more layers
+   * on a host that cannot hold them. Omit when the host is itself the planned device.
+   */
+  readonly hostFreeBytes?: number;
 }
 
 /** One device's verdict in a {@link FitReport}. */
@@ -63,6 +69,13 @@ export interface FitReport {
   readonly devices: readonly FitDeviceReport[];
   /** The device with the least headroom. */
   readonly bindingDevice: string;
+  /** What stays in host memory, and whether it fits `hostFreeBytes` (null when not given). */
+  readonly host: {
+    readonly weightBytes: number;
+    readonly kvBytes: number;
+    readonly freeBytes: number | null;
+    readonly fits: boolean | null;
+  };
   readonly plan: SplitPlan;
 }
 
@@ -89,6 +102,11 @@ export function planFit(facts: ModelFacts, options: FitOptions): FitReport {
     nonNeg('devices.marginBytes', d.marginBytes);
   }
   nonNeg('marginBytes', options.marginBytes);
+  nonNeg('hostFreeBytes', options.hostFreeBytes);
+  const hostFree = options.hostFreeBytes;
+  const hostFits = (p: SplitPlan) =>
+    hostFree === undefined || p.host.weightBytes + p.host.kvBytes <= hostFree;
+  const fitsAll = (p: SplitPlan) => p.fits && hostFits(p);
   const defaultMargin = options.marginBytes ?? 256 * 1024 * 1024;
   const available = options.devices.map((d) =>
     Math.min(d.freeBytes + (d.heldBytes ?? 0), d.capBytes ?? Number.MAX_SAFE_INTEGER),
@@ -104,7 +122,7 @@ export function planFit(facts: ModelFacts, options: FitOptions): FitReport {
   const autoNgl = options.nGpuLayers === 'auto';
   if (typeof options.tensorSplit === 'string' && !autoSplit) bad('tensorSplit', 'must be an array or "auto"');
   if (typeof options.nGpuLayers === 'string' && !autoNgl) bad('nGpuLayers', 'must be an integer or "auto"');
-  const { tensorSplit: _ts, nGpuLayers: _ngl, prefer: _p, ...rest } = options;
+  const { tensorSplit: _ts, nGpuLayers: _ngl, prefer: _p, hostFreeBytes: _h, ...rest } = options;
   // The margin is folded into the free memory, so it can differ per device.
   const base: SplitPlanOptions = {
     ...rest,
@@ -141,7 +159,7 @@ export function planFit(facts: ModelFacts, options: FitOptions): FitReport {
         )
       : tryPlan(fixedSplit, ngl);
     const at = { plan, ngl: ngl ?? all };
-    if (plan.fits) {
+    if (fitsAll(plan)) {
       chosen = at;
       break;
     }
@@ -171,12 +189,18 @@ export function planFit(facts: ModelFacts, options: FitOptions): FitReport {
     };
   });
   return {
-    fits: plan.fits,
+    fits: fitsAll(plan),
     tensorSplit: plan.tensorSplit,
     nGpuLayers: Math.min(ngl < 0 ? all : ngl, all),
     auto: { tensorSplit: autoSplit, nGpuLayers: autoNgl },
     devices,
     bindingDevice: plan.bindingDevice,
+    host: {
+      weightBytes: plan.host.weightBytes,
+      kvBytes: plan.host.kvBytes,
+      freeBytes: hostFree ?? null,
+      fits: hostFree === undefined ? null : hostFits(plan),
+    },
     plan,
   };
 }
@@ -243,8 +267,10 @@ export function fitToWire(r: FitReport): Record<string, unknown> {
     kv_cells: r.plan.kvCells,
     host: {
       layers: r.plan.host.layers.length,
-      weight_bytes: r.plan.host.weightBytes,
-      kv_bytes: r.plan.host.kvBytes,
+      weight_bytes: r.host.weightBytes,
+      kv_bytes: r.host.kvBytes,
+      free_bytes: r.host.freeBytes,
+      fits: r.host.fits,
     },
     devices: r.devices.map((d) => ({
       name: d.name,

@@ -87,13 +87,22 @@ export function formatFitTable(fit: FitReport): string {
     `tensor_split ${split}${fit.auto.tensorSplit ? ' (auto)' : ''}, n_gpu_layers ${fit.nGpuLayers}${fit.auto.nGpuLayers ? ' (auto)' : ''}   (sizes in MiB; kv in parentheses: layers)`,
     line(header),
     ...rows.map(line),
-    `host: ${p.host.layers.length} layers, weights ${mib(p.host.weightBytes)} MiB, kv ${mib(p.host.kvBytes)} MiB`,
+    `host: ${p.host.layers.length} layers, weights ${mib(p.host.weightBytes)} MiB, kv ${mib(p.host.kvBytes)} MiB` +
+      (fit.host.freeBytes === null
+        ? ''
+        : ` of ${mib(fit.host.freeBytes)} MiB free${fit.host.fits ? '' : ' (does NOT fit)'}`),
     fit.fits
       ? `fits; least headroom on ${fit.bindingDevice}`
-      : `does NOT fit: ${fit.devices
-          .filter((d) => !d.fits)
-          .map((d) => `${d.name} short by ${mib(-d.headroomBytes)} MiB (${d.binding})`)
-          .join(', ')}`,
+      : `does NOT fit: ${[
+          ...fit.devices
+            .filter((d) => !d.fits)
+            .map((d) => `${d.name} short by ${mib(-d.headroomBytes)} MiB (${d.binding})`),
+          ...(fit.host.fits === false
+            ? [
+                `host short by ${mib(fit.host.weightBytes + fit.host.kvBytes - (fit.host.freeBytes ?? 0))} MiB`,
+              ]
+            : []),
+        ].join(', ')}`,
     ...p.warnings.map((w) => `warning: ${w}`),
   ];
   return `${out.join('\n')}\n`;

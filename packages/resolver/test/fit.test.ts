@@ -145,6 +145,36 @@ describe('auto on capped CPU devices', () => {
     expect(heldFit.devices[0]?.availableBytes).toBe(64 * GIB);
   });
 
+  it('with host memory given, n_gpu_layers auto keeps on the host only what the host holds', () => {
+    const dev = (cap: number) => [{ name: 'RPC0', freeBytes: 64 * GIB, capBytes: cap }];
+    const whole = planFit(small, { ...o, devices: dev(64 * GIB) }).devices[0]!;
+    const need = whole.weightBytes + whole.kvBytes + whole.computeBytes;
+    // Without host memory the device's cap alone decides: some layers stay on the host.
+    const free = planFit(small, { ...o, devices: dev(Math.floor(need / 2)), nGpuLayers: 'auto' });
+    expect(free.fits).toBe(true);
+    expect(free.host.fits).toBe(null);
+    const kept = free.host.weightBytes + free.host.kvBytes;
+    // A host with a byte less than that cannot take them: no offload count fits.
+    const tight = planFit(small, {
+      ...o,
+      devices: dev(Math.floor(need / 2)),
+      nGpuLayers: 'auto',
+      hostFreeBytes: kept - 1,
+    });
+    expect(tight.fits).toBe(false);
+    expect(tight.host.fits).toBe(false);
+    expect(formatFitTable(tight)).toMatch(/host short by/);
+    const enough = planFit(small, {
+      ...o,
+      devices: dev(Math.floor(need / 2)),
+      nGpuLayers: 'auto',
+      hostFreeBytes: kept,
+    });
+    expect(enough.fits).toBe(true);
+    expect(enough.nGpuLayers).toBe(free.nGpuLayers);
+    expect(fitToWire(enough).host).toMatchObject({ free_bytes: kept, fits: true });
+  });
+
   it('refuses bad options by name', () => {
     const dev = [{ name: 'A', freeBytes: GIB }];
     const code = (f: () => unknown) => {
