@@ -134,7 +134,8 @@ const char * op_check(const ggml_tensor * t) {
             REQ(s0 && s1, "binary op without two sources");
             REQ(ggml_can_repeat(s1, s0), "binary op: src1 cannot repeat to src0");
             REQ(ggml_are_same_shape(s0, t), "binary op: result shape differs from src0");
-            REQ(rows_ok(s0) && rows_ok(s1), "binary op: source rows are not contiguous");
+            // src1 may be strided in every dim (binary-ops.cpp vec_binary_op_non_contiguous)
+            REQ(rows_ok(s0), "binary op: src0 rows are not contiguous");
             const ggml_type a = s0->type, b = s1->type, d = t->type;
             bool ok = (a == GGML_TYPE_F32 && b == GGML_TYPE_F32 && d == GGML_TYPE_F32) ||
                       (a == GGML_TYPE_F16 && b == GGML_TYPE_F16 && d == GGML_TYPE_F16) ||
@@ -165,6 +166,13 @@ const char * op_check(const ggml_tensor * t) {
             REQ(t->type == GGML_TYPE_F32 || (t->type == GGML_TYPE_F16 && t->op != GGML_OP_SCALE && t->op != GGML_OP_DIAG_MASK_INF && t->op != GGML_OP_CLAMP),
                 "unsupported type");
             REQ(ggml_is_contiguous_1(s0) && ggml_is_contiguous_1(t) && rows_ok(s0), "source not contiguous");
+            if (t->op == GGML_OP_SCALE || t->op == GGML_OP_DIAG_MASK_INF) {
+                // their CPU kernels assert whole-tensor contiguity (ops.cpp scale_f32, diag_mask_f32)
+                REQ(ggml_is_contiguous(s0) && ggml_is_contiguous(t), "not contiguous");
+            }
+            if (t->op == GGML_OP_DIAG_MASK_INF) {
+                REQ(t->op_params[0] >= 0, "DIAG_MASK_INF: n_past");
+            }
             return nullptr;
         }
         case GGML_OP_GLU: {
@@ -185,6 +193,11 @@ const char * op_check(const ggml_tensor * t) {
         case GGML_OP_L2_NORM:
             REQ(s0 && s0->type == GGML_TYPE_F32 && t->type == GGML_TYPE_F32, "norm: F32 only");
             REQ(ggml_are_same_shape(s0, t) && rows_ok(s0), "norm: shape");
+            {
+                float eps;
+                memcpy(&eps, &t->op_params[0], sizeof(eps));
+                REQ(eps >= 0.0f, "norm: eps");  // the kernels assert it (a NaN fails too)
+            }
             return nullptr;
         case GGML_OP_MUL_MAT: {
             REQ(s0 && s1, "MUL_MAT without two sources");

@@ -23,6 +23,8 @@ import {
   GGML_OP_ADD_ID,
   GGML_OP_CUSTOM,
   GGML_OP_MUL_MAT,
+  GGML_OP_RMS_NORM,
+  GGML_OP_SCALE,
   GGML_OP_SET_ROWS,
   GGML_OP_SSM_CONV,
   GGML_TYPE_I32,
@@ -773,6 +775,62 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
       ctx.conn.write(graph(0, [3n], [sx, c, out([1, 3, 1, 1])]));
       expect(await ctx.conn.waitClosed(3000)).toBe(true);
       expect((await srv.summaries[0]!).reason).toContain('SSM_CONV: result shape');
+    } finally {
+      await srv.close();
+    }
+  });
+
+  it('what the CPU kernels assert on is refused: RMS_NORM with a negative or NaN eps, SCALE of a strided view', async () => {
+    const srv = await startGuardedServer({});
+    try {
+      const refusal = async (nodes: RpcTensor[]): Promise<string | undefined> => {
+        const ctx = await open(srv.port);
+        // data fields are offsets into the session's buffer here
+        const at = (t: RpcTensor): RpcTensor => ({ ...t, buffer: ctx.buf, data: ctx.base + t.data });
+        ctx.conn.write(graph(0, [nodes.at(-1)!.id], nodes.map(at)));
+        ctx.conn.write(command(CMD.GET_ALIGNMENT, u32(0)));
+        const ok = await ctx.conn.reply();
+        ctx.conn.destroy();
+        if (ok !== undefined) return undefined;
+        return (await srv.summaries.at(-1)!).reason;
+      };
+      const x: RpcTensor = { ...f32Tensor(1n, 0n, 0n, 1), ne: [8, 2, 1, 1], nb: [4, 32, 64, 64] };
+      const f32Bits = (v: number) => Buffer.from(new Float32Array([v]).buffer).readInt32LE(0);
+      const norm = (eps: number): RpcTensor => ({
+        ...x,
+        id: 2n,
+        data: 256n,
+        op: GGML_OP_RMS_NORM,
+        opParams: [f32Bits(eps)],
+        src: [1n],
+        flags: COMPUTE,
+      });
+      expect(await refusal([x, norm(1e-5)])).toBeUndefined();
+      expect(await refusal([x, norm(-1)])).toContain('norm: eps');
+      expect(await refusal([x, norm(Number.NaN)])).toContain('norm: eps');
+      // rows of 4 of the 8 floats: contiguous in its rows, not as a whole
+      const view: RpcTensor = {
+        ...x,
+        id: 3n,
+        ne: [4, 2, 1, 1],
+        nb: [4, 32, 64, 64],
+        op: 0,
+        viewSrc: 1n,
+        src: [1n],
+      };
+      const scale = (src: RpcTensor): RpcTensor => ({
+        ...src,
+        id: 4n,
+        data: 512n,
+        nb: [4, 4 * src.ne[0], 4 * src.ne[0] * src.ne[1], 4 * src.ne[0] * src.ne[1]],
+        op: GGML_OP_SCALE,
+        opParams: [f32Bits(2), 0],
+        src: [src.id],
+        viewSrc: 0n,
+        flags: COMPUTE,
+      });
+      expect(await refusal([x, scale(x)])).toBeUndefined();
+      expect(await refusal([x, view, scale(view)])).toContain('not contiguous');
     } finally {
       await srv.close();
     }

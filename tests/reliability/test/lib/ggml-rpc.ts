@@ -42,6 +42,7 @@ export const GGML_TENSOR_FLAG_COMPUTE = 16;
 export const GGML_OP_NONE = 0;
 export const GGML_OP_ADD = 2;
 export const GGML_OP_ADD_ID = 3;
+export const GGML_OP_RMS_NORM = 25;
 export const GGML_OP_MUL_MAT = 29;
 export const GGML_OP_SCALE = 32;
 export const GGML_OP_SET_ROWS = 42;
