@@ -845,8 +845,8 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
 };
 
 /**
- * `--rpc-limit NAME=N` (repeatable) or YAML `rpc_limits: {NAME: N}`: known names only, non-negative
- * integers, refused here at start rather than by every session.
+ * `--rpc-limit NAME=N` (repeatable) or YAML `rpc_limits: {NAME: N}`: known names only, positive
+ * integers (idleTimeoutMs may be 0), refused here at start rather than by every session.
  */
 function parseRpcLimits(value: unknown, where: string, key: string): Record<string, number> {
   const code = key.startsWith('@') ? 'HYDRA_ERR_BAD_ARGUMENT' : 'HYDRA_ERR_CONFIG_INVALID';
@@ -878,10 +878,14 @@ function parseRpcLimits(value: unknown, where: string, key: string): Record<stri
         },
       );
     }
-    if (!Number.isSafeInteger(n) || (n as number) < 0) {
-      throw new HydraError(code, `${where}: ggml-RPC session limit ${name} must be a non-negative integer`, {
-        keys: [key],
-      });
+    // the rule of serveRpcFd's own option check: 0 means "never" for idleTimeoutMs only
+    const least = name === 'idleTimeoutMs' ? 0 : 1;
+    if (!Number.isSafeInteger(n) || (n as number) < least) {
+      throw new HydraError(
+        code,
+        `${where}: ggml-RPC session limit ${name} must be a ${least === 0 ? 'non-negative' : 'positive'} integer`,
+        { keys: [key] },
+      );
     }
     out[name] = n as number;
   }
