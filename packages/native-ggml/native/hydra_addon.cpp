@@ -1393,6 +1393,8 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
 }
 
 std::string hydra_json_schema_to_grammar(const std::string & schema);  // hydra_json_schema.cpp
+Napi::Value hydra_chat_common_apply_async(const Napi::CallbackInfo & info);  // hydra_chat.cpp
+Napi::Value hydra_chat_common_parse_async(const Napi::CallbackInfo & info);
 
 // jsonSchemaToGrammar(schemaText) -> GBNF (common's json_schema_to_grammar); a schema text over 1 MiB
 // is refused before conversion, which runs on the calling thread like a grammar parse does.
@@ -1827,6 +1829,8 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("samplerAccept", Napi::Function::New(env, sampler_accept));
     exports.Set("samplerNames", Napi::Function::New(env, sampler_names));
     exports.Set("jsonSchemaToGrammar", Napi::Function::New(env, json_schema_to_grammar_js));
+    exports.Set("chatCommonApplyAsync", Napi::Function::New(env, hydra_chat_common_apply_async));
+    exports.Set("chatCommonParseAsync", Napi::Function::New(env, hydra_chat_common_parse_async));
     exports.Set("decodeStep", Napi::Function::New(env, decode_step));
     exports.Set("memorySeqRm", Napi::Function::New(env, memory_seq_rm));
     exports.Set("memorySeqCp", Napi::Function::New(env, memory_seq_cp));

@@ -274,6 +274,15 @@ export interface NativeBinding {
   samplerNames(sampler: SamplerHandle): string[];
   /** GBNF for a JSON schema given as JSON text (common's json_schema_to_grammar). */
   jsonSchemaToGrammar(schema: string): string;
+  /** common_chat_templates_apply over an OpenAI chat body (JSON text); resolves JSON text. */
+  chatCommonApplyAsync(
+    model: ModelHandle,
+    templateOverride: string,
+    body: string,
+    options: string,
+  ): Promise<string>;
+  /** common_chat_parse of generated text; arguments and result as JSON text. */
+  chatCommonParseAsync(args: string): Promise<string>;
   decodeStep(
     ctx: ContextHandle,
     entries: NativeDecodeEntry[],

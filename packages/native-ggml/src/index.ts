@@ -403,6 +403,43 @@ export function packChatMessages(messages: readonly { role: string; content: str
     );
   }
 
+  /**
+   * Renders an OpenAI chat body (messages with tool_calls and tool results, tools, tool_choice,
+   * parallel_tool_calls, add_generation_prompt, chat_template_kwargs, reasoning_format) through
+   * llama.cpp's common chat layer, as llama-server does: the prompt, the grammar and triggers that
+   * constrain tool calls, extra stops, and what {@link parseChatOutput} needs to read the reply.
+   * A body the layer refuses (bad messages, a template error) is HYDRA_ERR_BAD_ARGUMENT.
+   */
+  applyChatCommonAsync(body: object, options: ChatCommonOptions = {}): Promise<ChatCommonParams> {
+    const text = JSON.stringify(body);
+    const opts = JSON.stringify({
+      use_jinja: options.useJinja ?? true,
+      reasoning_format: options.reasoningFormat ?? 'auto',
+      enable_thinking: options.enableThinking ?? true,
+      chat_template_kwargs: options.chatTemplateKwargs ?? {},
+    });
+    return this.#job(() =>
+      this.#binding.chatCommonApplyAsync(this.#h(), options.template ?? '', text, opts),
+    ).then((out) => {
+      const r = JSON.parse(out) as RawChatCommonParams;
+      return {
+        prompt: r.prompt,
+        format: r.format,
+        formatName: r.format_name,
+        grammar: r.grammar,
+        grammarLazy: r.grammar_lazy,
+        grammarTriggers: r.grammar_triggers,
+        generationPrompt: r.generation_prompt,
+        supportsThinking: r.supports_thinking,
+        preservedTokens: r.preserved_tokens,
+        additionalStops: r.additional_stops,
+        parser: r.parser,
+        reasoningFormat: r.reasoning_format,
+        parseToolCalls: r.parse_tool_calls,
+      };
+    });
+  }
+
   // A job holds the native model until it settles: dispose() while one runs frees it afterwards.
   async #job<T>(start: () => Promise<T>): Promise<T> {
     const addAssistant = options.addAssistant ?? true;
@@ -464,6 +501,102 @@ export function packChatMessages(messages: readonly { role: string; content: str
     if (this.#jobs > 0) this.#freeAfterJobs = handle;
     else call(() => this.#binding.modelFree(handle));
   }
+}
+
+/** Options of {@link Model.applyChatCommonAsync} (the server-wide defaults a body may override). */
+export interface ChatCommonOptions {
+  /** A Jinja template (or a llama.cpp template name) used instead of the model's. */
+  template?: string;
+  /** false: the legacy llama_chat_apply_template renderer (no tools). Default true. */
+  useJinja?: boolean;
+  /** none, auto, deepseek, deepseek-legacy (llama-server's --reasoning-format). Default auto. */
+  reasoningFormat?: string;
+  enableThinking?: boolean;
+  /** Server-wide template variables; the body's chat_template_kwargs win. */
+  chatTemplateKwargs?: Record<string, unknown>;
+}
+
+/** A grammar trigger as common_chat_params gives it. */
+export interface ChatGrammarTrigger {
+  type: 'token' | 'word' | 'pattern' | 'pattern_full';
+  value: string;
+  token?: number;
+}
+
+/** What llama.cpp's common chat layer made of a chat body. */
+export interface ChatCommonParams {
+  prompt: string;
+  /** common_chat_format (a number) and its name. */
+  format: number;
+  formatName: string;
+  /** GBNF constraining the reply (tool calls, schema); empty when none. */
+  grammar: string;
+  /** The grammar applies only from a trigger on. */
+  grammarLazy: boolean;
+  grammarTriggers: ChatGrammarTrigger[];
+  generationPrompt: string;
+  supportsThinking: boolean;
+  preservedTokens: string[];
+  additionalStops: string[];
+  /** The serialized PEG parser for {@link parseChatOutput}; empty for formats without one. */
+  parser: string;
+  reasoningFormat: string;
+  parseToolCalls: boolean;
+}
+
+interface RawChatCommonParams {
+  prompt: string;
+  format: number;
+  format_name: string;
+  grammar: string;
+  grammar_lazy: boolean;
+  grammar_triggers: ChatGrammarTrigger[];
+  generation_prompt: string;
+  supports_thinking: boolean;
+  preserved_tokens: string[];
+  additional_stops: string[];
+  parser: string;
+  reasoning_format: string;
+  parse_tool_calls: boolean;
+}
+
+/** A reply as common_chat_parse reads it. */
+export interface ParsedChatMessage {
+  content: string;
+  reasoningContent: string;
+  toolCalls: { name: string; arguments: string; id: string }[];
+}
+
+/**
+ * Reads generated text with what {@link Model.applyChatCommonAsync} returned (llama.cpp's
+ * common_chat_parse): content, reasoning_content and tool calls. `partial: true` reads a stream
+ * so far (a call still being written is left out or cut where it stands, as llama-server does).
+ * Text the format cannot read is HYDRA_ERR_BAD_ARGUMENT.
+ */
+export async function parseChatOutput(
+  text: string,
+  params: Pick<
+    ChatCommonParams,
+    'format' | 'parser' | 'generationPrompt' | 'reasoningFormat' | 'parseToolCalls'
+  >,
+  partial = false,
+): Promise<ParsedChatMessage> {
+  const args = JSON.stringify({
+    text,
+    is_partial: partial,
+    format: params.format,
+    parser: params.parser,
+    generation_prompt: params.generationPrompt,
+    reasoning_format: params.reasoningFormat,
+    parse_tool_calls: params.parseToolCalls,
+  });
+  const out = await callAsync(() => native().chatCommonParseAsync(args));
+  const r = JSON.parse(out) as {
+    content_text: string;
+    reasoning_text: string;
+    hydra_tool_calls: ParsedChatMessage['toolCalls'];
+  };
+  return { content: r.content_text, reasoningContent: r.reasoning_text, toolCalls: r.hydra_tool_calls };
 }
 
 /**
