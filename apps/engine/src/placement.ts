@@ -309,7 +309,16 @@ export interface FitInputs {
 }
 
 /** The fit verdict of `cfg` (its `auto` split/offload resolved), or why it cannot be judged. */
-export type EngineFit = { report: FitReport } | { unknown: string };
+export type EngineFit =
+  | {
+      report: FitReport;
+      /**
+       * Why the figures are not a verdict: tensor overrides (`override_tensors`, `n_cpu_moe`, the
+       * experts COMBINE puts on a peer) move weights the planner keeps with their layer.
+       */
+      approximate?: string;
+    }
+  | { unknown: string };
 
 function fitOptions(facts: ModelFacts, cfg: Params, list: PlanDevice[]): Omit<FitOptions, 'devices'> {
   const nCtx = (cfg.n_ctx as number) || facts.nCtxTrain || 4096;
@@ -398,6 +407,21 @@ export function fitOf(facts: ModelFacts, cfg: Params, inputs: FitInputs): Engine
     // What stays off the devices must fit the host too (a host-only plan is the host already).
     ...(target.kind === 'host' ? {} : { hostFreeBytes: hostFree + hostHeld }),
   });
+  const overrides = ((cfg.override_tensors as string[] | undefined) ?? []).length > 0;
+  const cpuMoe = ((cfg.n_cpu_moe as number | undefined) ?? 0) > 0;
+  const moeCombine =
+    facts.modelClass === 'moe' && ((cfg.rpc_servers as string[] | undefined) ?? []).length > 0;
+  if (overrides || cpuMoe || moeCombine) {
+    const what = overrides
+      ? 'override_tensors'
+      : cpuMoe
+        ? 'n_cpu_moe'
+        : 'the experts COMBINE places on the peer';
+    return {
+      report,
+      approximate: `${what} moves weights off their layer's device, which the planner does not model`,
+    };
+  }
   return { report };
 }
 
@@ -446,7 +470,9 @@ export function resolveAuto(
     if (out.n_gpu_layers === 'auto') out.n_gpu_layers = -1;
     return { cfg: out, fit };
   }
-  if (!fit.report.fits) throw wontFit(fit.report, 'no split or offload count');
+  // With overrides the figures over-count the devices: the closest candidate is loaded and
+  // llama.cpp has the last word.
+  if (!fit.report.fits && !fit.approximate) throw wontFit(fit.report, 'no split or offload count');
   const hostOnly = fit.report.devices.length === 1 && fit.report.devices[0]?.name === 'CPU';
   if (out.tensor_split === 'auto') out.tensor_split = hostOnly ? [] : [...fit.report.tensorSplit];
   if (out.n_gpu_layers === 'auto') out.n_gpu_layers = hostOnly ? -1 : fit.report.nGpuLayers;

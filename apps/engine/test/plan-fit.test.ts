@@ -57,6 +57,18 @@ describe('PLAN answers the fit question', () => {
     expect(a.engine.epoch).toBe(epoch);
   });
 
+  it('tensor overrides make the figures approximate: fits null, nothing refused for them', async () => {
+    const p = (await a.controller.plan({
+      model: other,
+      device_memory_cap: ['CPU=1'],
+      override_tensors: ['token_embd=CPU'],
+    })) as any;
+    expect(p.fit.fits).toBe(null);
+    expect(p.fit.predicted_fits).toBe(false);
+    expect(p.fit.reason).toMatch(/override_tensors/);
+    expect(p.fit.devices[0].name).toBe('CPU');
+  });
+
   it('a capped device that cannot hold the model does not fit; the largest category is named binding', async () => {
     const p = (await a.controller.plan({ model: other, device_memory_cap: ['CPU=1'] })) as any;
     expect(p.rebuild).toBe('model');

@@ -168,7 +168,9 @@ function takeForce(delta: unknown): { delta: unknown; force: boolean } {
 
 function fitReply(fit: EngineFit | undefined): Record<string, unknown> | null {
   if (!fit) return null;
-  return 'report' in fit ? fitToWire(fit.report) : { fits: null, reason: fit.unknown };
+  if (!('report' in fit)) return { fits: null, reason: fit.unknown };
+  const wire = fitToWire(fit.report);
+  return fit.approximate ? { ...wire, fits: null, predicted_fits: wire.fits, reason: fit.approximate } : wire;
 }
 
 /** Reads arch, block count, embedding width and vocabulary size from a GGUF header. */
@@ -413,7 +415,7 @@ export class Controller {
       fit = await this.#fitOf(r);
       // An "auto" choice that fits nowhere has nothing to force: the load would refuse it after the unload.
       const auto = r.next.tensor_split === 'auto' || r.next.n_gpu_layers === 'auto';
-      if (fit && 'report' in fit && !fit.report.fits && (!force || auto))
+      if (fit && 'report' in fit && !fit.approximate && !fit.report.fits && (!force || auto))
         throw wontFit(fit.report, auto ? 'no split or offload count' : 'the configuration');
     }
     const decision = this.#policy.submit(r, this.#clock());
@@ -427,7 +429,7 @@ export class Controller {
     };
     if (r.stateChunkSizeApplied !== undefined) reply.state_chunk_size_applied = r.stateChunkSizeApplied;
     if (r.rebuild === 'model') reply.fit = fitReply(fit);
-    if (force && fit && 'report' in fit && !fit.report.fits) reply.forced = true;
+    if (force && fit && 'report' in fit && !fit.approximate && !fit.report.fits) reply.forced = true;
     const built = this.engine.builtConfig;
     const asked = r.next;
     if (
