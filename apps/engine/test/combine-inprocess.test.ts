@@ -1,5 +1,5 @@
-import { createServer } from 'node:net';
 import { afterAll, expect, it } from 'vitest';
+import { freeLoopbackPort } from '../src/ports.js';
 import { engineWith, tinyModel } from './helpers.js';
 
 // A head engine and its peer in one process: the head's calls that talk to the peer (registering it,
@@ -12,12 +12,8 @@ afterAll(async () => {
 
 it('runs a head engine and its peer engine in one process', async () => {
   const model = await tinyModel();
-  // --rpc-port 0 means off: take a port that was free a moment ago.
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const free = (probe.address() as { port: number }).port;
-  await new Promise((resolve) => probe.close(resolve));
-  const peer = await engineWith(['--rpc-port', String(free)]);
+  // --rpc-port 0 means off: take a port that is free now.
+  const peer = await engineWith(['--rpc-port', String(await freeLoopbackPort())]);
   engines.push(peer);
   expect(peer.rpcPort).toBeGreaterThan(0);
   const head = await engineWith([

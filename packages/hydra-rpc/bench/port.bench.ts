@@ -178,6 +178,7 @@ async function ggmlRpcHelloFigure(): Promise<Figure | string> {
   // Loaded by path: hydra-rpc does not depend on native-ggml; the bench wires them as the engine would.
   const native = (await import(pathToFileURL(entry).href)) as {
     peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
+    freeLoopbackPort(): Promise<number>;
   };
   const host = join(nativeDir, 'dist', 'rpc-host.js');
   const port = new HydraPort({
@@ -186,10 +187,7 @@ async function ggmlRpcHelloFigure(): Promise<Figure | string> {
     logger: console,
   });
   const { port: ourPort } = await port.listen();
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const stockPort = (probe.address() as { port: number }).port;
-  await new Promise((resolve) => probe.close(resolve));
+  const stockPort = await native.freeLoopbackPort();
   const stock = spawn(stockBin, ['-H', '127.0.0.1', '-p', String(stockPort)], { stdio: 'ignore' });
   try {
     for (let i = 0; ; i++) {

@@ -21,6 +21,7 @@ import {
 
 export { ERROR_CODES, type ErrorCode } from './errors.js';
 export { addonCandidates };
+export { freeLoopbackPort } from './ports.js';
 export type {
   NativeContextParams as ContextParams,
   NativeDevice as Device,

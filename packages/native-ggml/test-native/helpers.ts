@@ -121,14 +121,7 @@ export async function startFdServer(devices?: string[]): Promise<{
   };
 }
 
-export async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
-}
+export { freeLoopbackPort as freePort } from '../src/index.js';
 
 /** Starts the stock upstream ggml-rpc-server built from the same pin; resolves once it listens. */
 export async function startStockRpcServer(

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticModel } from '../src/synth/index.js';
-import { binDir } from './helpers.js';
+import { binDir, freePort } from './helpers.js';
 
 // The stock upstream tools built from the pin load and run every tiny synthetic variant. Without
 // the tools this suite is skipped, unless HYDRA_REQUIRE_NATIVE=1 makes their absence a failure.
@@ -94,14 +94,6 @@ describe.skipIf(simple === undefined || bench === undefined)(
     });
   },
 );
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((ok) => srv.listen(0, '127.0.0.1', ok));
-  const { port } = srv.address() as { port: number };
-  await new Promise<void>((ok) => srv.close(() => ok()));
-  return port;
-}
 
 // With every layer on a stock ggml-rpc-server device the weights sit in a plain CPU buffer there,
 // so this also runs where the local CPU backend repacks weights for AMX or similar kernels.
