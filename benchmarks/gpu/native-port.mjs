@@ -13,12 +13,17 @@
 //        [--reps 5] [--threads N] [--log-level debug]
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
+import { connect } from 'node:net';
 import { cpus, hostname, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { fileSource } from '../../apps/engine/dist/placement.js';
-import { initBackend, listDevices, Model } from '../../packages/native-ggml/dist/index.js';
+import {
+  freeLoopbackPort as freePort,
+  initBackend,
+  listDevices,
+  Model,
+} from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
 import { modelFactsFromGguf, planSplit, readGguf } from '../../packages/resolver/dist/index.js';
 import { summarize } from '../dist/schema.js';
@@ -66,14 +71,6 @@ function run(file, argv, timeoutMs = 600_000) {
       err ? reject(Object.assign(err, { stderr })) : resolve(stdout),
     ),
   );
-}
-
-async function freePort() {
-  const s = createServer();
-  await new Promise((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address();
-  await new Promise((r) => s.close(r));
-  return port;
 }
 
 async function llamaBench(model, extra = []) {

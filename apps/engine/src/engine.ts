@@ -3,6 +3,7 @@ import type { ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { Runtime } from './core/runtime.js';
 import { Scheduler } from './core/scheduler.js';
+import { speculativeFrom } from './core/speculative.js';
 import {
   type Degraded,
   type EngineCounters,
@@ -74,6 +75,8 @@ export class Engine {
       epoch: () => this.#runtime.epoch,
       // Queue the next decode step before the current one ends; HYDRA_PIPELINE=0 turns it off.
       pipeline: process.env.HYDRA_PIPELINE !== '0',
+      // The speculative.* keys are T2: the context in force was built with the ones that apply.
+      speculative: () => speculativeFrom(this.#runtime.builtConfig),
     });
     this.#runtime = new Runtime({
       layers: options.layers,

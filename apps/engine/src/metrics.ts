@@ -81,6 +81,16 @@ export class EngineMetrics {
       () => c.decodeEntriesWasted,
     );
     this.#counter('hydra_decode_seconds_total', 'time spent in native decode', () => c.decodeSeconds);
+    this.#counter(
+      'hydra_spec_drafted_total',
+      'tokens guessed by speculative decoding (speculative.types ngram_simple)',
+      () => c.specDrafted,
+    );
+    this.#counter(
+      'hydra_spec_accepted_total',
+      'guessed tokens the model confirmed (each saves one decode step)',
+      () => c.specAccepted,
+    );
     this.#gauge('hydra_queue_depth', 'requests waiting for a slot', () => engine.queueDepth);
     // Not hydra_slots_total: a gauge named *_total reads as a counter to Prometheus tooling.
     this.#gauge('hydra_slots', 'slots (n_parallel)', () => engine.slots.total);

@@ -133,12 +133,31 @@ const TABLE: Record<string, Check> = {
   'sampling.ignore_eos': { kind: 'engine', value: true },
   n_predict: { kind: 'engine', value: 3 },
   state_chunk_size: { kind: 'engine', value: 65536 },
-  failover_policy: { kind: 'covered', file: './combine-loss.test.ts', test: 'none: PEER_LOST, nothing reloaded' },
+  failover_policy: {
+    kind: 'covered',
+    file: './combine-loss.test.ts',
+    test: 'none: PEER_LOST, nothing reloaded',
+  },
   peer_rejoin: { kind: 'covered', file: './combine-loss.test.ts', test: '--no-peer-rejoin stays degraded' },
   device_memory_cap: {
     kind: 'covered',
     file: './combine-loss.test.ts',
     test: 'offload (auto, a memory cap makes SOLO not fit)',
+  },
+  'speculative.types': {
+    kind: 'covered',
+    file: './speculative.test.ts',
+    test: 'gives the greedy text of the plain engine and accepts guesses',
+  },
+  'speculative.ngram_size_n': {
+    kind: 'covered',
+    file: './speculative-unit.test.ts',
+    test: 'reads speculative.types and the n-gram sizes',
+  },
+  'speculative.ngram_size_m': {
+    kind: 'covered',
+    file: './speculative-unit.test.ts',
+    test: 'reads speculative.types and the n-gram sizes',
   },
 
   n_ctx: { kind: 'context', value: 1024, read: (i) => i.nCtx, want: 1024 },

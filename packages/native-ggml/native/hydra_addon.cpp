@@ -596,6 +596,8 @@ static Napi::Value model_info(const Napi::CallbackInfo & info) {
     out.Set("bos", llama_vocab_bos(vocab));
     out.Set("eos", llama_vocab_eos(vocab));
     out.Set("addBos", llama_vocab_get_add_bos(vocab));
+    // A recurrent or hybrid memory cannot drop a sequence's last positions (rejected draft tokens).
+    out.Set("recurrent", llama_model_is_recurrent(model) || llama_model_is_hybrid(model));
     return out;
 }
 
@@ -1463,7 +1465,12 @@ struct decode_entry {
     bool follow = false;              // feed the token this sequence sampled at its previous step
     const hydra_sampler * sampler = nullptr;  // null: no sampling; kept alive by the step's refs
     bool want_logits;
+    // The last n_draft tokens are guesses (speculative decoding): the sampler runs after each of the
+    // last n_draft + 1 positions in turn and stops at the first sample that differs from the next
+    // guess, so it accepts exactly the tokens a one-token-a-step loop would have sampled.
+    int32_t n_draft = 0;
     llama_token sampled = -1;
+    std::vector<llama_token> run;  // n_draft > 0: every token sampled, in order
     std::vector<float> logits;
 };
 
@@ -1514,7 +1521,8 @@ public:
             if (e.sampler == nullptr && !e.want_logits) {
                 continue;  // nothing is read back: whatever is attached may stay
             }
-            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits;
+            // One on-device sample per sequence and step: a draft's several outputs sample on the host.
+            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits && e.n_draft == 0;
             if (!want_backend) {
                 if (a.clone != nullptr) {
                     llama_set_sampler(c->ctx, e.seq, nullptr);
@@ -1568,15 +1576,20 @@ public:
             std::vector<std::pair<size_t, int32_t>> finished;  // (entry, batch index of its last token)
             while (entry < entries.size() && batch.n_tokens < c->n_batch) {
                 decode_entry & e = entries[entry];
+                // A draft's outputs must all be in one chunk (the next one overwrites the logits).
+                if (e.n_draft > 0 && offset == 0 && batch.n_tokens > 0 && (int32_t) e.tokens.size() > c->n_batch - batch.n_tokens) {
+                    break;
+                }
                 size_t take = std::min(e.tokens.size() - offset, (size_t) (c->n_batch - batch.n_tokens));
                 for (size_t k = 0; k < take; k++) {
                     int32_t i = batch.n_tokens++;
                     bool last = offset + k + 1 == e.tokens.size();
+                    bool guessed = e.n_draft > 0 && offset + k + e.n_draft + 1 >= e.tokens.size();
                     batch.token[i] = e.tokens[offset + k];
                     batch.pos[i] = e.pos + (llama_pos) (offset + k);
                     batch.n_seq_id[i] = 1;
                     batch.seq_id[i][0] = e.seq;
-                    batch.logits[i] = last && (e.sampler != nullptr || e.want_logits);
+                    batch.logits[i] = guessed || (last && (e.sampler != nullptr || e.want_logits));
                     if (last) {
                         finished.emplace_back(entry, i);
                     }
@@ -1601,7 +1614,19 @@ public:
                     const float * row = llama_get_logits_ith(c->ctx, i);
                     e.logits.assign(row, row + n_vocab);
                 }
-                if (e.sampler != nullptr) {
+                if (e.n_draft > 0) {
+                    // Batch index of the first sampled position; the others follow it.
+                    int32_t first = i - e.n_draft;
+                    e.run.clear();
+                    for (int32_t d = 0; d <= e.n_draft; d++) {
+                        llama_token token = llama_sampler_sample(e.sampler->chain, c->ctx, first + d);
+                        e.run.push_back(token);
+                        if (d == e.n_draft || token != e.tokens[e.tokens.size() - e.n_draft + d]) {
+                            break;
+                        }
+                    }
+                    e.sampled = e.run.back();
+                } else if (e.sampler != nullptr) {
                     llama_sampler * on_device = c->attached[e.seq].clone;
                     llama_token token = on_device ? llama_get_sampled_token_ith(c->ctx, i) : LLAMA_TOKEN_NULL;
                     if (token != LLAMA_TOKEN_NULL) {
@@ -1638,6 +1663,23 @@ private:
         Napi::Object out = Napi::Object::New(env);
         out.Set("tokens", tokens);
         out.Set("logits", logits);
+        bool drafted = false;
+        for (const decode_entry & e : entries) {
+            drafted = drafted || e.n_draft > 0;
+        }
+        if (drafted) {
+            Napi::Array runs = Napi::Array::New(env, entries.size());
+            for (size_t i = 0; i < entries.size(); i++) {
+                if (entries[i].n_draft == 0) {
+                    runs.Set((uint32_t) i, env.Null());
+                    continue;
+                }
+                Napi::Int32Array run = Napi::Int32Array::New(env, entries[i].run.size());
+                memcpy(run.Data(), entries[i].run.data(), entries[i].run.size() * sizeof(llama_token));
+                runs.Set((uint32_t) i, run);
+            }
+            out.Set("runs", runs);
+        }
         deferred.Resolve(out);
     }
 
@@ -1691,6 +1733,12 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
         e.want_logits = arg_bool(o, "logits", false);
         if (e.follow && e.sampler == nullptr) {
             hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with follow: true needs a sampler (it feeds the sampled token)");
+        }
+        e.n_draft = (int32_t) arg_number(o, "draft", 0);
+        if (e.n_draft != 0) {
+            if (e.follow || e.sampler == nullptr || e.want_logits || e.n_draft < 0 || (size_t) e.n_draft >= e.tokens.size() || (int32_t) e.tokens.size() > c->n_batch) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N needs a sampler, no follow or logits, more than N tokens and at most n_batch");
+            }
         }
         entries.push_back(std::move(e));
     }

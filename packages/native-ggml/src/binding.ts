@@ -55,6 +55,8 @@ export interface NativeModelInfo {
   bos: number;
   eos: number;
   addBos: boolean;
+  /** Recurrent or hybrid memory: a sequence's last positions cannot be removed alone. */
+  recurrent: boolean;
 }
 
 export interface NativeContextParams {
@@ -145,6 +147,8 @@ export interface NativeDecodeEntry {
   follow?: boolean;
   sampler?: SamplerHandle | null;
   logits?: boolean;
+  /** The last `draft` tokens are guesses to verify (see DecodeTokens.draft). */
+  draft?: number;
 }
 
 /**
@@ -286,7 +290,7 @@ export interface NativeBinding {
   decodeStep(
     ctx: ContextHandle,
     entries: NativeDecodeEntry[],
-  ): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
+  ): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[]; runs?: (Int32Array | null)[] }>;
   memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
   memorySeqPosMax(ctx: ContextHandle, seq: number): number;

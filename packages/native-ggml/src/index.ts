@@ -661,6 +661,22 @@ interface DecodeCommon {
 export interface DecodeTokens extends DecodeCommon {
   tokens: Int32Array | number[];
   follow?: false;
+  /**
+   * The last `draft` tokens are guesses (speculative decoding; needs a sampler, no `logits`, at
+   * most n_batch tokens). The sampler runs after each of the last `draft + 1` positions in turn and
+   * stops at the first sample that differs from the next guess: the step's `runs` entry holds those
+   * samples (1 to draft + 1), `tokens` the last. The KV keeps every position fed; the caller
+   * removes those after the accepted guesses.
+   */
+  draft?: number;
+}
+
+/** What {@link Context.decode} resolves to. */
+export interface DecodeResult {
+  tokens: Int32Array;
+  logits: (Float32Array | null)[];
+  /** Present when an entry had `draft`: per entry, its samples (null for entries without). */
+  runs?: (Int32Array | null)[];
 }
 
 /**
@@ -729,7 +745,7 @@ export class Context {
    * (prompt chunks included, split by n_batch) and samples each sequence that has a sampler.
    * @returns the sampled token per entry (-1 where none) and the logits where asked.
    */
-  decode(entries: DecodeEntry[]): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }> {
+  decode(entries: DecodeEntry[]): Promise<DecodeResult> {
     const native = entries.map((e) => ({
       seq: e.seq,
       pos: e.pos,
@@ -738,13 +754,14 @@ export class Context {
         : { tokens: e.tokens instanceof Int32Array ? e.tokens : Int32Array.from(e.tokens) }),
       sampler: e.sampler ? e.sampler.handle : null,
       logits: e.logits ?? false,
+      ...(e.follow !== true && e.draft ? { draft: e.draft } : {}),
     }));
     const step = () => this.#binding.decodeStep(this.#h(), native);
     // Behind an exclusive operation (state get/set) queued or running: wait in line. Otherwise
     // straight to the native runner, which keeps steps in call order and runs the next as soon as
     // the current one ends; steps settle in that order, so this one is the queue's new tail.
     if (this.#exclusive > 0) return this.#enqueue(step);
-    let run: Promise<{ tokens: Int32Array; logits: (Float32Array | null)[] }>;
+    let run: Promise<DecodeResult>;
     try {
       run = step();
     } catch (err) {

@@ -81,7 +81,8 @@ const CLI_ONLY =
 const NO_CALLBACK = 'a native callback pointer; it cannot cross the wire';
 const NO_MULTIMODAL = 'multimodal (mtmd) input is not built into this engine';
 const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the native binding';
-const NO_SPECULATIVE = 'speculative decoding is not implemented in this engine';
+const NO_SPECULATIVE =
+  'only n-gram speculative decoding (speculative.types ngram_simple) is implemented: no draft model';
 const NOT_SERVED = 'a llama-server setting this engine does not implement';
 const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
 const NO_THREADPOOL =
@@ -306,24 +307,10 @@ C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
 // Self-speculative (lookup n-gram) settings live with the context; a draft model is T3.
 C(
   'speculative.types',
-  list(
-    oneOf(
-      'none',
-      'draft_simple',
-      'draft_eagle3',
-      'draft_mtp',
-      'draft_dflash',
-      'draft_dspark',
-      'ngram_simple',
-      'ngram_map_k',
-      'ngram_map_k4v',
-      'ngram_mod',
-      'ngram_cache',
-    ),
-    16,
-  ),
+  // Of llama.cpp's types only ngram_simple is implemented (draft_*, other ngram_* are refused).
+  list(oneOf('none', 'ngram_simple'), 16),
   ['none'],
-  { unsupported: NO_SPECULATIVE, aliases: ['speculative.type'] },
+  { aliases: ['speculative.type'] },
 );
 C('speculative.n_max', int(0, 1024), 3, {
   unsupported: NO_SPECULATIVE,
@@ -338,8 +325,8 @@ C('speculative.p_split', num(0, 1), 0.1, {
   aliases: ['speculative.draft.p_split'],
 });
 C('speculative.p_min', num(0, 1), 0, { unsupported: NO_SPECULATIVE, aliases: ['speculative.draft.p_min'] });
-C('speculative.ngram_size_n', int(1, 1024), 12, { unsupported: NO_SPECULATIVE });
-C('speculative.ngram_size_m', int(1, 1024), 48, { unsupported: NO_SPECULATIVE });
+C('speculative.ngram_size_n', int(1, 1024), 12);
+C('speculative.ngram_size_m', int(1, 1024), 48);
 C('speculative.ngram_min_hits', int(1, 65_535), 1, { unsupported: NO_SPECULATIVE });
 C('speculative.lookup_cache_static', str(4096), '', { unsupported: NO_SPECULATIVE });
 C('speculative.lookup_cache_dynamic', str(4096), '', { unsupported: NO_SPECULATIVE });

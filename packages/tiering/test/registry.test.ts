@@ -189,10 +189,21 @@ describe('fields the engine cannot honor', () => {
     }
   });
 
-  it('refuses every speculative.* field, the draft model included', () => {
+  it('refuses every speculative.* field but the n-gram ones, the draft model included', () => {
     const spec = FIELDS.filter((f) => f.key.startsWith('speculative.'));
     expect(spec.length).toBeGreaterThan(10);
-    expect(spec.filter((f) => f.unsupported === undefined)).toEqual([]);
+    expect(spec.filter((f) => f.unsupported === undefined).map((f) => f.key)).toEqual([
+      'speculative.types',
+      'speculative.ngram_size_n',
+      'speculative.ngram_size_m',
+    ]);
+    // Of the types, only ngram_simple (and none) is implemented: the others are refused by name.
+    expect(plan(defaults(), { 'speculative.types': ['ngram_simple'] }).paramsApplied).toEqual({
+      'speculative.types': ['ngram_simple'],
+    });
+    expect(() => plan(defaults(), { 'speculative.types': ['draft_simple'] })).toThrow(
+      expect.objectContaining({ keys: ['speculative.types'] }),
+    );
   });
 });
 

@@ -5,6 +5,7 @@ import type { Context, DecodeEntry, Model, Sampler } from '@hydra-engine/native-
 import { HydraError } from '../errors.js';
 import { TextOutput } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
+import { ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
 import type {
   EngineCounters,
   FinishReason,
@@ -43,6 +44,17 @@ interface Job {
   generated: number[];
   output: TextOutput;
   maxTokens: number;
+  /** Speculative decoding of this job (the settings in force at admission), else undefined. */
+  spec:
+    | {
+        settings: SpeculativeSettings;
+        tally: SpecTally;
+        /** The prompt and the tokens generated so far (what the n-gram lookup searches). */
+        history: number[];
+        /** Tokens guessed in the step in flight. */
+        pending: number;
+      }
+    | undefined;
 }
 
 /** One queued decode step: the jobs of its entries, in entry order. */
@@ -50,7 +62,7 @@ interface Step {
   jobs: Job[];
   /** Prompt tokens each entry feeds (0: a generated token); undefined when all are 0. */
   chunks: number[] | undefined;
-  result: Promise<{ tokens: Int32Array }>;
+  result: Promise<{ tokens: Int32Array; runs?: (Int32Array | null)[] }>;
   queuedAt: number;
 }
 
@@ -63,6 +75,8 @@ export interface SchedulerOptions {
   epoch: () => number;
   /** Queue the next step before the current one ends (see #chain). */
   pipeline: boolean;
+  /** The `speculative.*` settings in force (read at each admission); undefined: off. */
+  speculative?: () => SpeculativeSettings | undefined;
 }
 
 /** Queue, slots and the decode loop over one attached model and context. */
@@ -71,6 +85,7 @@ export class Scheduler {
   readonly #counters: EngineCounters;
   readonly #epoch: () => number;
   readonly #pipeline: boolean;
+  readonly #speculative: () => SpeculativeSettings | undefined;
   #model: Model | undefined;
   #ctx: Context | undefined;
   /**
@@ -106,6 +121,7 @@ export class Scheduler {
     this.#counters = options.counters;
     this.#epoch = options.epoch;
     this.#pipeline = options.pipeline;
+    this.#speculative = options.speculative ?? (() => undefined);
   }
 
   /** The context steps run on, if one is attached. */
@@ -359,6 +375,7 @@ export class Scheduler {
         generated: [],
         output: new TextOutput(params.stop),
         maxTokens: Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length)),
+        spec: undefined,
       };
       if (options.signal) {
         options.signal.addEventListener(
@@ -433,6 +450,9 @@ export class Scheduler {
       ) {
         job.sampler.accept(job.prompt);
       }
+      const spec = model.info.recurrent || !speculable(job.params.sampler) ? undefined : this.#speculative();
+      if (spec)
+        job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
       this.#slots[i] = job;
     }
     if (changed) this.#slotsChanged();
@@ -465,7 +485,7 @@ export class Scheduler {
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
         }
         ahead = this.#chain(step);
-        let out: { tokens: Int32Array };
+        let out: { tokens: Int32Array; runs?: (Int32Array | null)[] };
         // A step queued ahead starts on the device when the one before it ends.
         const started = Math.max(step.queuedAt, this.#lastStepEnd);
         this.#decodeSince = started;
@@ -515,7 +535,9 @@ export class Scheduler {
             }
           }
           served += 1;
+          const run = out.runs?.[i];
           if (job.failure) this.#release(job, job.failure);
+          else if (run) served += this.#advanceRun(job, run) - 1;
           else this.#advance(job, out.tokens[i]!);
         }
         this.#rate.push({ at: t1, tokens: served });
@@ -540,6 +562,7 @@ export class Scheduler {
   #assemble(): { jobs: Job[]; entries: DecodeEntry[]; chunks: number[] | undefined } | undefined {
     const jobs: Job[] = [];
     const entries: DecodeEntry[] = [];
+    let decodeTokens = 0;
     let prefill: Job[] | undefined;
     for (const job of this.#slots) {
       if (!job) continue;
@@ -553,14 +576,30 @@ export class Scheduler {
       }
       if (job.promptFed) {
         jobs.push(job);
-        entries.push({ seq: job.slot, pos: job.pos, tokens: Int32Array.of(job.last), sampler: job.sampler! });
+        const draft = this.#draftFor(job);
+        if (draft.length > 0) {
+          const tokens = new Int32Array(draft.length + 1);
+          tokens[0] = job.last;
+          tokens.set(draft, 1);
+          entries.push({ seq: job.slot, pos: job.pos, tokens, sampler: job.sampler!, draft: draft.length });
+          this.#counters.specDrafted += draft.length;
+          decodeTokens += draft.length + 1;
+        } else {
+          entries.push({
+            seq: job.slot,
+            pos: job.pos,
+            tokens: Int32Array.of(job.last),
+            sampler: job.sampler!,
+          });
+          decodeTokens += 1;
+        }
       } else (prefill ??= []).push(job);
     }
     if (!prefill) return entries.length === 0 ? undefined : { jobs, entries, chunks: undefined };
     const chunks: number[] = new Array(jobs.length).fill(0);
     if (prefill.length > 1) prefill.sort((a, b) => a.order - b.order);
     // At least one prompt token per step, so prompts advance even when decodes fill the budget.
-    let room = Math.max(1, this.#budget - entries.length);
+    let room = Math.max(1, this.#budget - decodeTokens);
     for (const job of prefill) {
       if (room === 0) break;
       const n = Math.min(job.prompt.length - job.fed, room);
@@ -614,6 +653,8 @@ export class Scheduler {
       if (this.#slots[job.slot] !== job || job.failure || job.signal?.aborted || !job.sampler)
         return undefined;
       if (chunks !== undefined && job.fed + chunks[i]! < job.prompt.length) return undefined;
+      // Its next step may carry a guess made from the token this step samples.
+      if (job.spec && !job.spec.tally.pausedAt(job.generated.length + 1)) return undefined;
       // At its token limit once `step` ends (the limit is clipped to the slot's context): it
       // finishes there, and the others go on without a round trip through the JS thread.
       if (job.generated.length + 1 >= job.maxTokens) continue;
@@ -644,6 +685,7 @@ export class Scheduler {
       return;
     }
     job.generated.push(token);
+    job.spec?.history.push(token);
     job.last = token;
     job.onToken?.(token);
     this.#counters.generatedTokens += 1;
@@ -656,6 +698,47 @@ export class Scheduler {
       this.#send(job, job.output.end());
       this.#release(job, 'length');
     }
+  }
+
+  /**
+   * The guess for `job`'s next step (n-gram lookup in its own history): none when speculation is
+   * off or paused for it, and never past its token limit, its context or one step's budget.
+   */
+  #draftFor(job: Job): number[] {
+    const spec = job.spec;
+    if (!spec || !spec.tally.mayDraft(job.generated.length)) return [];
+    const limit = Math.min(
+      job.maxTokens - job.generated.length - 1,
+      this.#nCtxSeq - job.pos - 1,
+      this.#budget - 1,
+    );
+    const draft = ngramDraft(spec.history, spec.settings, limit);
+    spec.pending = draft.length;
+    return draft;
+  }
+
+  /**
+   * Takes the samples of a step whose entry carried a guess, one by one as if each had come from
+   * its own step (a stop string, EOS, a cancel or the limit ends the job inside the run), then
+   * drops the KV past the last token fed. Returns the samples taken.
+   */
+  #advanceRun(job: Job, run: Int32Array): number {
+    const spec = job.spec!;
+    // Every sample but the last confirmed a guess (the last corrects one, or follows them all).
+    spec.tally.record(spec.pending, run.length - 1, job.generated.length + run.length);
+    this.#counters.specAccepted += run.length - 1;
+    spec.pending = 0;
+    let taken = 0;
+    for (const token of run) {
+      if (this.#slots[job.slot] !== job) break;
+      this.#advance(job, token);
+      taken += 1;
+    }
+    // The guesses past the last token fed (rejected, or after the job ended) leave the KV; a
+    // released job's sequence is either gone already or kept for cache_prompt up to job.pos.
+    if (this.#slots[job.slot] === job || (this.#cache[job.slot]?.length ?? 0) > 0)
+      this.#ctx?.removeSequence(job.slot, job.pos, -1);
+    return taken;
   }
 
   #send(job: Job, text: string): void {

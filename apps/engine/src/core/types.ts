@@ -63,6 +63,9 @@ export interface EngineCounters {
   decodeSeconds: number;
   /** Decode entries that fed a part of a prompt (chunked prefill: a long prompt takes several). */
   promptChunks: number;
+  /** Speculative decoding: tokens guessed, and those of them the model confirmed. */
+  specDrafted: number;
+  specAccepted: number;
   loadSeconds: number;
   rejectedQueueFull: number;
   /** T2/T3 rebuilds that failed (at once or deferred), by what they rebuilt. */
@@ -103,6 +106,8 @@ export function newCounters(): EngineCounters {
     decodeEntriesWasted: 0,
     decodeSeconds: 0,
     promptChunks: 0,
+    specDrafted: 0,
+    specAccepted: 0,
     loadSeconds: 0,
     rejectedQueueFull: 0,
     rebuildFailures: { context: 0, model: 0 },

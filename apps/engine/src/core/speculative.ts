@@ -1,0 +1,128 @@
+// Speculative decoding without a draft model (pure): llama.cpp's `ngram_simple` guesses the next
+// tokens of a slot from its own history, and a per-slot tally turns guessing off when the target
+// keeps rejecting them, so a slot whose text does not repeat pays nothing for it.
+import type { SamplerParams } from '@hydra-engine/native-ggml';
+import type { Params } from '@hydra-engine/tiering';
+import { HydraError } from '../errors.js';
+
+/** The `speculative.*` settings in force, as the scheduler uses them. */
+export interface SpeculativeSettings {
+  /** Length of the n-gram looked up in the history (`speculative.ngram_size_n`). */
+  sizeN: number;
+  /** Most tokens guessed after a match (`speculative.ngram_size_m`). */
+  sizeM: number;
+}
+
+/** The settings of `cfg`, or undefined when `speculative.types` is `none`. */
+export function speculativeFrom(cfg: Params | undefined): SpeculativeSettings | undefined {
+  if (!cfg) return undefined;
+  const types = ((cfg['speculative.types'] as string[] | undefined) ?? ['none']).filter((t) => t !== 'none');
+  if (types.length === 0) return undefined;
+  // The registry only admits none and ngram_simple; anything else reaching here is a wiring bug.
+  if (types.some((t) => t !== 'ngram_simple')) {
+    throw new HydraError(
+      'HYDRA_ERR_UNSUPPORTED_FIELD',
+      `speculative.types ${types.join(',')} is not implemented`,
+      {
+        keys: ['speculative.types'],
+      },
+    );
+  }
+  return {
+    sizeN: (cfg['speculative.ngram_size_n'] as number | undefined) ?? 12,
+    sizeM: (cfg['speculative.ngram_size_m'] as number | undefined) ?? 48,
+  };
+}
+
+/**
+ * Whether a request's sampler picks the argmax and keeps no state (no grammar, penalties, DRY, XTC
+ * or mirostat). Only those are speculated: on a GPU the chain samples on the device, through a
+ * clone of the chain whose state the host copy (which samples a guessed run) would not share.
+ */
+export function speculable(p: SamplerParams): boolean {
+  return (
+    p.temp !== undefined &&
+    p.temp <= 0 &&
+    !p.mirostat &&
+    !p.grammar &&
+    (p.penaltyRepeat ?? 1) === 1 &&
+    !p.penaltyFreq &&
+    !p.penaltyPresent &&
+    !p.dryMultiplier &&
+    !p.xtcProbability
+  );
+}
+
+/**
+ * llama.cpp's common_ngram_simple_draft: the last `sizeN` tokens of `history` (its last item is the
+ * token just sampled) are searched for backwards; the tokens that followed the latest earlier match
+ * are the guess, at most `sizeM` and at least `sizeN` of them, else none. `limit` caps the length.
+ */
+export function ngramDraft(history: ArrayLike<number>, s: SpeculativeSettings, limit: number): number[] {
+  // In upstream's terms `cur` is the history before the sampled token.
+  const cur = history.length - 1;
+  const n = s.sizeN;
+  const m = s.sizeM;
+  if (cur <= n + m + 1 || limit < 1) return [];
+  const start = cur + 1 - n;
+  let match = 0;
+  for (let j = cur - n - 1; j > 0; j--) {
+    let k = 0;
+    while (k < n && history[j + k] === history[start + k]) k++;
+    if (k === n) {
+      match = j;
+      break;
+    }
+  }
+  if (match === 0) return [];
+  const copy = Math.min(m, cur - (match + n));
+  if (copy < n) return [];
+  const out: number[] = [];
+  for (let j = 0; j < Math.min(copy, limit); j++) out.push(history[match + n + j]!);
+  return out;
+}
+
+/** Guessing pauses when fewer than this share of the guesses so far were accepted. */
+export const SPEC_MIN_ACCEPTANCE = 0.2;
+/** Guesses made before the share is judged (then a new window starts). */
+export const SPEC_JUDGE_AFTER = 16;
+/** Tokens a paused slot generates without guesses before it guesses again. */
+export const SPEC_PAUSE_TOKENS = 64;
+
+/** One slot's guesses: what was drafted and accepted, and until when guessing is paused. */
+export class SpecTally {
+  drafted = 0;
+  accepted = 0;
+  #windowDrafted = 0;
+  #windowAccepted = 0;
+  /** Guessing resumes once the job has generated this many tokens. */
+  #pausedUntil = 0;
+
+  /** Whether the step after `generated` tokens may carry a guess. */
+  mayDraft(generated: number): boolean {
+    return generated >= this.#pausedUntil;
+  }
+
+  pausedAt(generated: number): boolean {
+    return generated < this.#pausedUntil;
+  }
+
+  /** Accepted share of the guesses so far (0 before any). */
+  get acceptance(): number {
+    return this.drafted === 0 ? 0 : this.accepted / this.drafted;
+  }
+
+  /** One verified guess of `drafted` tokens, `accepted` of them confirmed, the job at `generated`. */
+  record(drafted: number, accepted: number, generated: number): void {
+    this.drafted += drafted;
+    this.accepted += accepted;
+    this.#windowDrafted += drafted;
+    this.#windowAccepted += accepted;
+    if (this.#windowDrafted >= SPEC_JUDGE_AFTER) {
+      if (this.#windowAccepted < SPEC_MIN_ACCEPTANCE * this.#windowDrafted)
+        this.#pausedUntil = generated + SPEC_PAUSE_TOKENS;
+      this.#windowDrafted = 0;
+      this.#windowAccepted = 0;
+    }
+  }
+}

@@ -1,0 +1,178 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { engineWith, tinyModel } from './helpers.js';
+
+// n-gram speculative decoding (speculative.types ngram_simple) against the same engine without
+// it: greedy output token for token, with stop strings, limits, cache_prompt and two streams.
+type Eng = Awaited<ReturnType<typeof engineWith>>;
+let spec: Eng;
+let plain: Eng;
+
+beforeAll(async () => {
+  const model = await tinyModel();
+  const dir = mkdtempSync(join(tmpdir(), 'hydra-spec-'));
+  const yaml = join(dir, 'spec.yaml');
+  writeFileSync(yaml, 'speculative:\n  types: [ngram_simple]\n  ngram_size_n: 2\n  ngram_size_m: 8\n');
+  const flags = ['-m', model, '-np', '2', '-c', '2048'];
+  spec = await engineWith([...flags, '--config', yaml]);
+  plain = await engineWith(flags);
+}, 60_000);
+afterAll(async () => {
+  await spec?.close();
+  await plain?.close();
+});
+
+interface Completion {
+  text: string;
+  finish: string;
+  completion: number;
+  cached: number;
+}
+
+async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
+  const res = await fetch(`${eng.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ temperature: 0, cache_prompt: false, ...body }),
+  });
+  expect(res.status).toBe(200);
+  const json = (await res.json()) as {
+    choices: { text: string; finish_reason: string }[];
+    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+  };
+  return {
+    text: json.choices[0]!.text,
+    finish: json.choices[0]!.finish_reason,
+    completion: json.usage.completion_tokens,
+    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
+  };
+}
+
+async function metric(eng: Eng, name: string): Promise<number> {
+  const text = await (await fetch(`${eng.url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+  if (!m) throw new Error(`${name} not in /metrics`);
+  return Number(m[1]);
+}
+
+const REPETITIVE = 'one two three four one two three four one two three four one two three four one two';
+
+describe('n-gram speculative decoding', () => {
+  it('gives the greedy text of the plain engine and accepts guesses on a repetitive prompt', async () => {
+    const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
+    const accepted0 = await metric(spec, 'hydra_spec_accepted_total');
+    const steps0 = await metric(spec, 'hydra_decode_steps_total');
+    const body = { prompt: REPETITIVE, max_tokens: 96, ignore_eos: true };
+    const a = await complete(spec, body);
+    const b = await complete(plain, body);
+    expect(a).toEqual(b);
+    const drafted = (await metric(spec, 'hydra_spec_drafted_total')) - drafted0;
+    const accepted = (await metric(spec, 'hydra_spec_accepted_total')) - accepted0;
+    const steps = (await metric(spec, 'hydra_decode_steps_total')) - steps0;
+    expect(drafted).toBeGreaterThan(0);
+    expect(accepted).toBeGreaterThan(0);
+    expect(accepted).toBeLessThanOrEqual(drafted);
+    // Each accepted guess is a token that took no step of its own.
+    expect(steps).toBeLessThanOrEqual(1 + 96 - accepted);
+    console.log(`spec: drafted ${drafted} accepted ${accepted} steps ${steps} for 96 tokens`);
+  });
+
+  it('stops at the same place across max_tokens and stop strings inside accepted runs', async () => {
+    const full = await complete(plain, { prompt: REPETITIVE, max_tokens: 96, ignore_eos: true });
+    for (const max of [1, 2, 3, 5, 17, 40]) {
+      const body = { prompt: REPETITIVE, max_tokens: max, ignore_eos: true };
+      expect(await complete(spec, body)).toEqual(await complete(plain, body));
+    }
+    // Stop strings cut from the middle of the text: later tokens of the run must not leak.
+    for (const at of [10, 33, 61, 120]) {
+      const stop = full.text.slice(at, at + 4);
+      if (stop.trim().length === 0) continue;
+      const body = { prompt: REPETITIVE, max_tokens: 96, ignore_eos: true, stop: [stop] };
+      const a = await complete(spec, body);
+      expect(a).toEqual(await complete(plain, body));
+      expect(a.finish).toBe('stop');
+    }
+  });
+
+  it('two streams at once and a cached prompt give the plain engine output', async () => {
+    const bodies = [
+      { prompt: REPETITIVE, max_tokens: 48, ignore_eos: true },
+      { prompt: 'the water of the day and the water of the night and the', max_tokens: 48, ignore_eos: true },
+    ];
+    const a = await Promise.all(bodies.map((b) => complete(spec, b)));
+    const b = await Promise.all(bodies.map((b) => complete(plain, b)));
+    expect(a).toEqual(b);
+    // cache_prompt: the KV left by a speculative run holds exactly the tokens fed (no guesses).
+    const first = { prompt: REPETITIVE, max_tokens: 30, ignore_eos: true, cache_prompt: true, id_slot: 1 };
+    expect(await complete(spec, first)).toEqual(await complete(plain, first));
+    const again = { ...first, prompt: `${REPETITIVE}${a[0]!.text.slice(0, 40)}`, max_tokens: 40 };
+    const x = await complete(spec, again);
+    const y = await complete(plain, again);
+    expect(x).toEqual(y);
+    expect(x.cached).toBeGreaterThan(0);
+  });
+
+  it('accepted runs: a stop string or the limit inside one ends the text where the plain engine does', async () => {
+    // This prompt's greedy text falls into a loop ("real com hera") after ~400 tokens of the tiny
+    // model: there the guesses are confirmed several tokens at a time.
+    const body = { prompt: 'hello world', max_tokens: 600, ignore_eos: true };
+    const accepted0 = await metric(spec, 'hydra_spec_accepted_total');
+    const full = await complete(plain, body);
+    expect(await complete(spec, body)).toEqual(full);
+    expect((await metric(spec, 'hydra_spec_accepted_total')) - accepted0).toBeGreaterThan(10);
+    for (const max of [571, 572, 573, 574, 575, 590, 597]) {
+      const b2 = { ...body, max_tokens: max };
+      expect(await complete(spec, b2)).toEqual(await complete(plain, b2));
+    }
+    const n = full.text.length;
+    for (const back of [150, 97, 60, 41, 22, 9]) {
+      const stop = full.text.slice(n - back, n - back + 5);
+      const b2 = { ...body, stop: [stop] };
+      const x = await complete(spec, b2);
+      expect(x).toEqual(await complete(plain, b2));
+      expect(x.finish).toBe('stop');
+    }
+  });
+
+  it('a cancel in the guessing part of a stream frees the slot and the next request is unchanged', async () => {
+    const ctl = new AbortController();
+    const res = await fetch(`${spec.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        prompt: 'hello world',
+        max_tokens: 900,
+        ignore_eos: true,
+        stream: true,
+        temperature: 0,
+      }),
+      signal: ctl.signal,
+    });
+    const reader = res.body!.getReader();
+    const decoder = new TextDecoder();
+    let seen = '';
+    // Into the loop where guesses are confirmed (see above), then cancel.
+    while (seen.split('data:').length < 480) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      seen += decoder.decode(value);
+    }
+    ctl.abort();
+    await reader.read().catch(() => undefined);
+    for (let i = 0; i < 200 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)
+      await new Promise((r) => setTimeout(r, 10));
+    expect(await metric(spec, 'hydra_slots_busy')).toBe(0);
+    expect(await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}')).toBe(1);
+    const body = { prompt: REPETITIVE, max_tokens: 40, ignore_eos: true };
+    expect(await complete(spec, body)).toEqual(await complete(plain, body));
+  });
+
+  it('does not guess for a sampled (temperature > 0) request', async () => {
+    const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
+    const body = { prompt: REPETITIVE, max_tokens: 48, ignore_eos: true, temperature: 0.7, seed: 5 };
+    expect(await complete(spec, body)).toEqual(await complete(plain, body));
+    expect(await metric(spec, 'hydra_spec_drafted_total')).toBe(drafted0);
+  });
+});
