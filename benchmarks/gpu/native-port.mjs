@@ -17,7 +17,7 @@ import { connect } from 'node:net';
 import { cpus, hostname, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { fileSource } from '../../apps/engine/dist/placement.js';
+import { readGgufFile } from '../../apps/engine/dist/placement.js';
 import {
   freeLoopbackPort as freePort,
   initBackend,
@@ -25,7 +25,7 @@ import {
   Model,
 } from '../../packages/native-ggml/dist/index.js';
 import { writeSyntheticModel } from '../../packages/native-ggml/dist/synth/index.js';
-import { modelFactsFromGguf, planSplit, readGguf } from '../../packages/resolver/dist/index.js';
+import { modelFactsFromGguf, planSplit } from '../../packages/resolver/dist/index.js';
 import { summarize } from '../dist/schema.js';
 
 const args = {};
@@ -290,13 +290,7 @@ async function greedyCheck(modelPath, n = 32) {
 // type (weights, KV, compute) and the device's free memory before and after (which also sees the CUDA
 // runtime's own allocations, e.g. cuBLAS workspace, that no planner input describes).
 async function memoryCheck(modelPath, shape) {
-  const src = await fileSource(modelPath);
-  let facts;
-  try {
-    facts = modelFactsFromGguf(await readGguf(src));
-  } finally {
-    await src.close();
-  }
+  const facts = modelFactsFromGguf(await readGgufFile(modelPath));
   // HYDRA_BENCH_CPU=1: a smoke run without a GPU, against the CPU device (figures meaningless).
   const gpu = () =>
     listDevices().find((d) => d.type === 'gpu') ??

@@ -2,18 +2,19 @@ import { open, stat } from 'node:fs/promises';
 import { freemem } from 'node:os';
 import type { Device } from '@hydra-engine/native-ggml';
 import {
+  type ClosableGgufSource,
   contextFit,
   type FitDevice,
   type FitOptions,
   type FitReport,
   fitToWire,
-  type GgufSource,
+  type GgufFile,
   type ModelFacts,
   modelFactsFromGguf,
   type PlanDevice,
   planFit,
   planSplit,
-  readGguf,
+  readGgufFrom,
   type SplitPlanOptions,
 } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
@@ -27,7 +28,7 @@ export interface Placement {
 }
 
 /** A GGUF byte reader over node:fs (the resolver takes its reader injected). */
-export async function fileSource(path: string): Promise<GgufSource & { close(): Promise<void> }> {
+export async function fileSource(path: string): Promise<ClosableGgufSource> {
   const fh = await open(path, 'r');
   const { size } = await fh.stat();
   return {
@@ -39,6 +40,11 @@ export async function fileSource(path: string): Promise<GgufSource & { close(): 
     },
     close: () => fh.close(),
   };
+}
+
+/** The GGUF header, metadata and tensor table of the file at `path`, its handle closed after. */
+export function readGgufFile(path: string): Promise<GgufFile> {
+  return readGgufFrom(() => fileSource(path));
 }
 
 const factsCache = new Map<string, { size: number; mtimeMs: number; facts: ModelFacts }>();
@@ -54,13 +60,7 @@ export async function modelFacts(path: string): Promise<ModelFacts> {
   const st = await stat(path);
   const hit = factsCache.get(path);
   if (hit && hit.size === st.size && hit.mtimeMs === st.mtimeMs) return hit.facts;
-  const src = await fileSource(path);
-  let facts: ModelFacts;
-  try {
-    facts = modelFactsFromGguf(await readGguf(src));
-  } finally {
-    await src.close();
-  }
+  const facts = modelFactsFromGguf(await readGgufFile(path));
   factsCache.set(path, { size: st.size, mtimeMs: st.mtimeMs, facts });
   return facts;
 }

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
-import { fitToWire, formatFitTable, modelFactsFromGguf, planFit, readGguf } from '@hydra-engine/resolver';
+import { fitToWire, formatFitTable, modelFactsFromGguf, planFit } from '@hydra-engine/resolver';
 import { HydraError } from './errors.js';
-import { fileSource } from './placement.js';
+import { readGgufFile } from './placement.js';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
@@ -123,13 +123,7 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
         keys: ['--device-memory-cap'],
       });
   }
-  const src = await fileSource(model);
-  let facts: ReturnType<typeof modelFactsFromGguf>;
-  try {
-    facts = modelFactsFromGguf(await readGguf(src));
-  } finally {
-    await src.close();
-  }
+  const facts = modelFactsFromGguf(await readGgufFile(model));
   const ts = flags.get('-ts')?.[0] ?? flags.get('--tensor-split')?.[0];
   const ngl = flags.get('-ngl')?.[0] ?? flags.get('--n-gpu-layers')?.[0];
   const numbers = (flag: string, raw: string) => {

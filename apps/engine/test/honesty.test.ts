@@ -11,13 +11,12 @@ import {
   type SamplerParams,
 } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { readGguf } from '@hydra-engine/resolver';
 import { defaults, FIELDS, isRuntimeField, type Params, plan } from '@hydra-engine/tiering';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
 import { contextParamsFrom, modelParamsFrom, samplerParamsFrom } from '../src/core/params.js';
 import type { HydraError } from '../src/errors.js';
-import { fileSource } from '../src/placement.js';
+import { readGgufFile } from '../src/placement.js';
 import { complete, freePort } from './control-helpers.js';
 import { engineWith } from './helpers.js';
 
@@ -277,8 +276,7 @@ beforeAll(async () => {
   // The same model with one f32 weight set to NaN (its data offset read from the GGUF header).
   nanModel = join(dir, 'nan.gguf');
   copyFileSync(path, nanModel);
-  const src = await fileSource(nanModel);
-  const gguf = await readGguf(src).finally(() => src.close());
+  const gguf = await readGgufFile(nanModel);
   const norm = gguf.tensors.find((t) => t.name === 'blk.0.attn_norm.weight')!;
   const fh = await open(nanModel, 'r+');
   await fh.write(Buffer.from(new Float32Array([Number.NaN]).buffer), 0, 4, gguf.dataOffset + norm.offset);

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { addRpcServer, initBackend, Model, probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { modelFactsFromGguf, planSplit, readGguf } from '@hydra-engine/resolver';
+import { modelFactsFromGguf, planSplit } from '@hydra-engine/resolver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { fileSource } from '../src/placement.js';
+import { readGgufFile } from '../src/placement.js';
 import { freePort } from './control-helpers.js';
 import { waitFor } from './helpers.js';
 
@@ -21,12 +21,7 @@ let server: ChildProcess;
 let rpcDevice: string;
 
 async function facts(path: string) {
-  const src = await fileSource(path);
-  try {
-    return modelFactsFromGguf(await readGguf(src));
-  } finally {
-    await src.close();
-  }
+  return modelFactsFromGguf(await readGgufFile(path));
 }
 
 beforeAll(async () => {

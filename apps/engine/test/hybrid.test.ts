@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { EXPERT_TENSOR_REGEX, readGguf } from '@hydra-engine/resolver';
+import { EXPERT_TENSOR_REGEX } from '@hydra-engine/resolver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { fileSource } from '../src/placement.js';
+import { readGgufFile } from '../src/placement.js';
 import { freePort } from './control-helpers.js';
 import { engineWith, waitFor } from './helpers.js';
 
@@ -219,9 +219,7 @@ describe('tiny qwen35moe expert placement on a stock ggml-RPC peer', () => {
   it('puts the routed experts on the peer, keeps shared experts local, and flips with the SOLO tokens', async () => {
     const model = join(dir, 'tiny-qwen35moe-experts.gguf');
     await writeSyntheticModel({ arch: 'qwen35moe', shape: 'tiny', quant: 'q8_0', seed: 4, out: model });
-    const src = await fileSource(model);
-    const names = (await readGguf(src)).tensors.map((t) => t.name);
-    await src.close();
+    const names = (await readGgufFile(model)).tensors.map((t) => t.name);
     const pattern = new RegExp(EXPERT_TENSOR_REGEX);
     const remote = names.filter((n) => pattern.test(n));
     expect(remote.length).toBe(8 * 3);

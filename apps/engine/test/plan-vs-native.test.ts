@@ -3,21 +3,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { initBackend, listDevices, Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { modelFactsFromGguf, planSplit, readGguf } from '@hydra-engine/resolver';
+import { modelFactsFromGguf, planSplit } from '@hydra-engine/resolver';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { fileSource, fitOf } from '../src/placement.js';
+import { fitOf, readGgufFile } from '../src/placement.js';
 
 // The resolver's planner predicts, from the GGUF header alone, what llama.cpp allocates: weights per
 // device and KV cache per device. Checked against llama.cpp's own memory breakdown of a real load.
 const dir = mkdtempSync(join(tmpdir(), 'hydra-plan-'));
 
 async function facts(path: string) {
-  const src = await fileSource(path);
-  try {
-    return modelFactsFromGguf(await readGguf(src));
-  } finally {
-    await src.close();
-  }
+  return modelFactsFromGguf(await readGgufFile(path));
 }
 
 beforeAll(() => {

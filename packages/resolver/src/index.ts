@@ -27,6 +27,7 @@ export {
 } from './gguf/ggml-types.js';
 export {
   type ByteReader,
+  type ClosableGgufSource,
   type GgufFile,
   type GgufKv,
   type GgufScalar,
@@ -37,6 +38,7 @@ export {
   type GgufValue,
   type ReadGgufOptions,
   readGguf,
+  readGgufFrom,
 } from './gguf/reader.js';
 export { checkHparams, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS } from './model-checks.js';
 export {

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ggmlTypeByName, ggmlTypes, rowBytes } from '../src/gguf/ggml-types.js';
-import { type GgufScalar, GgufType, type GgufTypeId, readGguf } from '../src/gguf/reader.js';
+import { type GgufScalar, GgufType, type GgufTypeId, readGguf, readGgufFrom } from '../src/gguf/reader.js';
 import { type KvSpec, kvArr, kvStr, kvU32, type TensorSpec, writeGguf } from './helpers/gguf-writer.js';
 
 const f32 = (x: number) => Math.fround(x);
@@ -209,6 +209,33 @@ describe('readGguf bounds what a header may declare', () => {
     for (const o of [{ maxArrayLength: 0 }, { maxStringBytes: 1.5 }]) {
       await expect(readGguf(str.source, o)).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
     }
+  });
+});
+
+describe('readGgufFrom', () => {
+  it('closes the source once read, and when the read fails', async () => {
+    const { bytes } = writeGguf(
+      [kvStr('general.architecture', 'llama')],
+      [{ name: 'a', dims: [32], type: 'f32' }],
+      {
+        withData: true,
+      },
+    );
+    let closed = 0;
+    const opener = (b: Uint8Array) => async () => ({
+      size: b.length,
+      read: async (o: number, l: number) => b.subarray(o, o + l),
+      close: async () => {
+        closed += 1;
+      },
+    });
+    const g = await readGgufFrom(opener(bytes));
+    expect(g.get('general.architecture')).toBe('llama');
+    expect(closed).toBe(1);
+    const broken = bytes.slice();
+    broken[0] = 0; // magic
+    await expect(readGgufFrom(opener(broken))).rejects.toMatchObject({ code: 'HYDRA_ERR_GGUF_INVALID' });
+    expect(closed).toBe(2);
   });
 });
 

@@ -1,17 +1,12 @@
 // MoE + COMBINE: where the experts go.
-import { EXPERT_TENSOR_REGEX, readGguf } from '@hydra-engine/resolver';
-import { fileSource } from '../placement.js';
+import { EXPERT_TENSOR_REGEX } from '@hydra-engine/resolver';
+import { readGgufFile } from '../placement.js';
 
 /** Whether the GGUF at `path` declares experts (`<arch>.expert_count` > 0), read from its header. */
 export async function isMoe(path: string): Promise<boolean> {
-  const src = await fileSource(path);
-  try {
-    const g = await readGguf(src);
-    const arch = String(g.get('general.architecture'));
-    return Number(g.get(`${arch}.expert_count`) ?? 0) > 0;
-  } finally {
-    await src.close();
-  }
+  const g = await readGgufFile(path);
+  const arch = String(g.get('general.architecture'));
+  return Number(g.get(`${arch}.expert_count`) ?? 0) > 0;
 }
 
 /**

@@ -2,13 +2,13 @@ import { stat } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
-import { fitToWire, modelClassOf, readGguf, resolveCombine } from '@hydra-engine/resolver';
+import { fitToWire, modelClassOf, resolveCombine } from '@hydra-engine/resolver';
 import { type Decision, DeferralPolicy, normalize, type PlanResult, plan } from '@hydra-engine/tiering';
 import { freshDevices, peerDeviceNames } from '../combine/devices.js';
 import { samplerParamsFrom } from '../core/params.js';
 import type { Engine, ExpertMode } from '../engine.js';
 import { HydraError } from '../errors.js';
-import { checkContext, type EngineFit, fileSource, fitOf, modelFacts, wontFit } from '../placement.js';
+import { checkContext, type EngineFit, fitOf, modelFacts, readGgufFile, wontFit } from '../placement.js';
 import { checkSampler } from '../request-params.js';
 
 const SAMPLER_KEYS = {
@@ -177,24 +177,19 @@ function fitReply(fit: EngineFit | undefined): Record<string, unknown> | null {
 export async function shapeOf(
   path: string,
 ): Promise<ShapeFacts & { tensors: { name: string; bytes: number }[] }> {
-  const src = await fileSource(path);
-  try {
-    const g = await readGguf(src);
-    const arch = String(g.get('general.architecture'));
-    const num = (k: string) => Number(g.get(k) ?? 0);
-    const tokens = g.get('tokenizer.ggml.tokens');
-    const nVocab = Array.isArray(tokens) ? tokens.length : num(`${arch}.vocab_size`);
-    return {
-      arch,
-      n_layer: num(`${arch}.block_count`),
-      n_embd: num(`${arch}.embedding_length`),
-      n_vocab: nVocab,
-      n_expert: num(`${arch}.expert_count`),
-      tensors: g.tensors.map((t) => ({ name: t.name, bytes: Number(t.bytes) })),
-    };
-  } finally {
-    await src.close();
-  }
+  const g = await readGgufFile(path);
+  const arch = String(g.get('general.architecture'));
+  const num = (k: string) => Number(g.get(k) ?? 0);
+  const tokens = g.get('tokenizer.ggml.tokens');
+  const nVocab = Array.isArray(tokens) ? tokens.length : num(`${arch}.vocab_size`);
+  return {
+    arch,
+    n_layer: num(`${arch}.block_count`),
+    n_embd: num(`${arch}.embedding_length`),
+    n_vocab: nVocab,
+    n_expert: num(`${arch}.expert_count`),
+    tensors: g.tensors.map((t) => ({ name: t.name, bytes: Number(t.bytes) })),
+  };
 }
 
 /**
@@ -458,13 +453,7 @@ export class Controller {
     }
     if (peer !== undefined && typeof peer !== 'string') throw badValue('peer must be "host:port"', 'peer');
     const path = await this.resolveModel(rest.model);
-    const src = await fileSource(path);
-    let modelClass: 'moe' | 'dense';
-    try {
-      modelClass = modelClassOf(await readGguf(src));
-    } finally {
-      await src.close();
-    }
+    const modelClass = modelClassOf(await readGgufFile(path));
     const resolved: Record<string, unknown> = {
       ...resolveCombine({
         model: rest.model,

@@ -10,6 +10,11 @@ export interface GgufSource {
   readonly size: number;
 }
 
+/** A source that holds a resource (a file handle) to release once it has been read. */
+export interface ClosableGgufSource extends GgufSource {
+  close(): Promise<void>;
+}
+
 /** GGUF metadata value types (gguf.h `enum gguf_type`). */
 export const GgufType = {
   UINT8: 0,
@@ -346,4 +351,20 @@ class Cursor {
 
 function narrow(x: bigint): number | bigint {
   return x >= BigInt(Number.MIN_SAFE_INTEGER) && x <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(x) : x;
+}
+
+/**
+ * Opens a source with `open`, reads its GGUF and closes the source whether or not the read
+ * succeeded: the one place where a caller's file handle is released after a header read.
+ */
+export async function readGgufFrom(
+  open: () => Promise<ClosableGgufSource>,
+  options: ReadGgufOptions = {},
+): Promise<GgufFile> {
+  const source = await open();
+  try {
+    return await readGguf(source, options);
+  } finally {
+    await source.close();
+  }
 }
