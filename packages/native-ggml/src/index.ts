@@ -12,11 +12,11 @@ import {
   type NativeModelInfo,
   type NativeModelParams,
   type NativeSamplerParams,
-  type SamplerStage,
   type NativeServeSummary,
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
   type SamplerHandle,
+  type SamplerStage,
 } from './binding.js';
 
 export { ERROR_CODES, type ErrorCode } from './errors.js';
@@ -238,21 +238,6 @@ export interface ModelLoadOptions {
   signal?: AbortSignal;
 }
 
-/** A loaded model. Dispose it explicitly; contexts must be disposed first. */
-export class Model {
-  readonly #binding: NativeBinding;
-  #handle: ModelHandle | undefined;
-  readonly info: NativeModelInfo;
-  readonly path: string;
-  readonly #contexts = new Set<Context>();
-  #jobs = 0;
-  #freeAfterJobs: ModelHandle | undefined;
-
-  readonly #offloaded: boolean;
-
-  private constructor(binding: NativeBinding, handle: ModelHandle, params: NativeModelParams) {
-    this.#binding = binding;
-    this.#handle = handle;
 /**
  * Packs chat messages for {@link Model.applyChatTemplateAsync}: u32 LE count, then per message a
  * u32 LE byte length and the UTF-8 role, a u32 LE byte length and the UTF-8 content.
@@ -272,6 +257,21 @@ export function packChatMessages(messages: readonly { role: string; content: str
   return out;
 }
 
+/** A loaded model. Dispose it explicitly; contexts must be disposed first. */
+export class Model {
+  readonly #binding: NativeBinding;
+  #handle: ModelHandle | undefined;
+  readonly info: NativeModelInfo;
+  readonly path: string;
+  readonly #contexts = new Set<Context>();
+  #jobs = 0;
+  #freeAfterJobs: ModelHandle | undefined;
+
+  readonly #offloaded: boolean;
+
+  private constructor(binding: NativeBinding, handle: ModelHandle, params: NativeModelParams) {
+    this.#binding = binding;
+    this.#handle = handle;
     this.path = params.path;
     this.info = binding.modelInfo(handle);
     // On-device sampling pays off where the output layer sits on a GPU; on the CPU backend it is
@@ -376,6 +376,12 @@ export function packChatMessages(messages: readonly { role: string; content: str
     messages: readonly { role: string; content: string }[] | Uint8Array,
     options: { addAssistant?: boolean; template?: string } = {},
   ): Promise<string> {
+    const addAssistant = options.addAssistant ?? true;
+    if (messages instanceof Uint8Array) {
+      return this.#job(() =>
+        this.#binding.chatApplyTemplatePackedAsync(this.#h(), messages, addAssistant, options.template),
+      );
+    }
     const roles = messages.map((m) => m.role);
     const contents = messages.map((m) => m.content);
     return this.#job(() =>
@@ -443,12 +449,6 @@ export function packChatMessages(messages: readonly { role: string; content: str
 
   // A job holds the native model until it settles: dispose() while one runs frees it afterwards.
   async #job<T>(start: () => Promise<T>): Promise<T> {
-    const addAssistant = options.addAssistant ?? true;
-    if (messages instanceof Uint8Array) {
-      return this.#job(() =>
-        this.#binding.chatApplyTemplatePackedAsync(this.#h(), messages, addAssistant, options.template),
-      );
-    }
     const promise = call(start);
     this.#jobs++;
     try {
