@@ -2,7 +2,7 @@ import type { Device, Model } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { Runtime } from './core/runtime.js';
-import { Scheduler } from './core/scheduler.js';
+import { Scheduler, type SlotInfo } from './core/scheduler.js';
 import { speculativeFrom } from './core/speculative.js';
 import {
   type Degraded,
@@ -116,7 +116,7 @@ export class Engine {
     return { total: s.nSlots, busy: s.busy, nCtxSeq: s.nCtxSeq };
   }
   /** Per slot (llama-server's `/slots`): a request runs in it, and the tokens of its cached KV. */
-  slotInfo(): { busy: boolean; cachedTokens: number; kvCells: number }[] {
+  slotInfo(): SlotInfo[] {
     return this.#scheduler.slotInfo();
   }
   get queueDepth(): number {

@@ -191,6 +191,24 @@ export const LLAMA_FLAGS: FlagSpec[] = [
     bare: true,
     help: "chat templates go through llama.cpp's legacy renderer (llama_chat_apply_template)",
   },
+  {
+    names: ['--spec-type'],
+    key: 'speculative.types',
+    kind: 'list',
+    help: 'speculative decoding: none or ngram-simple (draft-model and other n-gram types are refused)',
+  },
+  {
+    names: ['--spec-ngram-simple-size-n'],
+    key: 'speculative.ngram_size_n',
+    kind: 'int',
+    help: 'ngram-simple: length of the n-gram looked up in the history (default 12)',
+  },
+  {
+    names: ['--spec-ngram-simple-size-m'],
+    key: 'speculative.ngram_size_m',
+    kind: 'int',
+    help: 'ngram-simple: most tokens guessed after a match (default 48)',
+  },
 ];
 
 /** llama-server flags of features this engine does not have yet: refused by name, with why. */
@@ -234,12 +252,6 @@ export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boo
   {
     names: ['-md', '--model-draft', '--spec-draft-model'],
     env: 'LLAMA_ARG_SPEC_DRAFT_MODEL',
-    takesValue: true,
-    why: 'speculative decoding is not implemented',
-  },
-  {
-    names: ['--spec-type'],
-    env: 'LLAMA_ARG_SPEC_TYPE',
     takesValue: true,
     why: 'speculative decoding is not implemented',
   },
@@ -415,6 +427,7 @@ export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boo
 /** llama-server's environment variable of each key (read when the flag is not given). */
 export const ENV_BY_KEY: Readonly<Record<string, string>> = {
   model: 'LLAMA_ARG_MODEL',
+  'speculative.types': 'LLAMA_ARG_SPEC_TYPE',
   host: 'LLAMA_ARG_HOST',
   port: 'LLAMA_ARG_PORT',
   api_key: 'LLAMA_API_KEY',

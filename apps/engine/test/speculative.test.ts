@@ -14,9 +14,18 @@ beforeAll(async () => {
   const model = await tinyModel();
   const dir = mkdtempSync(join(tmpdir(), 'hydra-spec-'));
   const yaml = join(dir, 'spec.yaml');
-  writeFileSync(yaml, 'speculative:\n  types: [ngram_simple]\n  ngram_size_n: 2\n  ngram_size_m: 8\n');
+  writeFileSync(yaml, 'speculative:\n  types: [ngram_simple]\n  ngram_size_n: 2\n');
   const flags = ['-m', model, '-np', '2', '-c', '2048'];
-  spec = await engineWith([...flags, '--config', yaml]);
+  // The YAML config and llama-server's flags (--spec-type ngram-simple) set the same keys.
+  spec = await engineWith([
+    ...flags,
+    '--config',
+    yaml,
+    '--spec-type',
+    'ngram-simple',
+    '--spec-ngram-simple-size-m',
+    '8',
+  ]);
   plain = await engineWith(flags);
 }, 60_000);
 afterAll(async () => {
@@ -77,6 +86,16 @@ describe('n-gram speculative decoding', () => {
     // Each accepted guess is a token that took no step of its own.
     expect(steps).toBeLessThanOrEqual(1 + 96 - accepted);
     console.log(`spec: drafted ${drafted} accepted ${accepted} steps ${steps} for 96 tokens`);
+    // Per slot (llama-server's draft_n, draft_n_accepted) and in STATUS.
+    const slots = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
+    const used = slots.find((x) => (x.draft_n as number) > 0)!;
+    expect(used.draft_n_accepted).toBeGreaterThan(0);
+    expect(used.speculative).toBe(false); // idle now
+    const st = (await (await fetch(`${spec.url}/control/status`)).json()) as {
+      speculative: { drafted: number; accepted: number; acceptance: number };
+    };
+    expect(st.speculative.drafted).toBe(await metric(spec, 'hydra_spec_drafted_total'));
+    expect(st.speculative.acceptance).toBeCloseTo(st.speculative.accepted / st.speculative.drafted);
   });
 
   it('stops at the same place across max_tokens and stop strings inside accepted runs', async () => {

@@ -310,7 +310,11 @@ C(
   // Of llama.cpp's types only ngram_simple is implemented (draft_*, other ngram_* are refused).
   list(oneOf('none', 'ngram_simple'), 16),
   ['none'],
-  { aliases: ['speculative.type'] },
+  // llama-server's --spec-type spells them with hyphens (ngram-simple).
+  {
+    aliases: ['speculative.type'],
+    coerce: (v) => (Array.isArray(v) ? v.map((t) => (typeof t === 'string' ? t.replace(/-/g, '_') : t)) : v),
+  },
 );
 C('speculative.n_max', int(0, 1024), 3, {
   unsupported: NO_SPECULATIVE,

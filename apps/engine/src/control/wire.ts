@@ -38,6 +38,12 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
       queued: engine.queueDepth,
       n_ctx_seq: engine.slots.nCtxSeq,
     },
+    speculative: {
+      drafted: engine.counters.specDrafted,
+      accepted: engine.counters.specAccepted,
+      acceptance:
+        engine.counters.specDrafted > 0 ? engine.counters.specAccepted / engine.counters.specDrafted : 0,
+    },
     state_chunk_size: c.stateChunkSize,
     devices: engine
       .devices()

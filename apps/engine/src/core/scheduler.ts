@@ -57,6 +57,19 @@ interface Job {
     | undefined;
 }
 
+/** What {@link Scheduler.slotInfo} reports of one slot. */
+export interface SlotInfo {
+  busy: boolean;
+  /** Tokens whose KV the slot keeps for reuse (cache_prompt). */
+  cachedTokens: number;
+  kvCells: number;
+  /** The running request is speculated (n-gram guesses). */
+  speculative: boolean;
+  /** Guessed and confirmed tokens of the running or last speculated request (llama-server's draft_n). */
+  draftN: number;
+  draftAccepted: number;
+}
+
 /** One queued decode step: the jobs of its entries, in entry order. */
 interface Step {
   jobs: Job[];
@@ -104,6 +117,8 @@ export class Scheduler {
   #idleWaiters: (() => void)[] = [];
   /** Tokens whose KV each slot's sequence holds (kept only for `cachePrompt` requests). */
   #cache: Int32Array[] = [];
+  /** Per slot: the guess tally of its running or last speculated request. */
+  #specTally: (SpecTally | undefined)[] = [];
   #held = 0;
   /** Bumped when the attached pair is abandoned: a decode loop of an older generation stops. */
   #gen = 0;
@@ -156,6 +171,7 @@ export class Scheduler {
     this.#budget = Math.max(1, info.nBatch);
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
+    this.#specTally = [];
   }
 
   /** Serves another pair with the same slots and KV (the KV was copied over by the caller). */
@@ -204,12 +220,18 @@ export class Scheduler {
    * cells its sequence holds now (from this loop's own counts: llama.cpp's are written by the
    * decode thread while a step runs).
    */
-  slotInfo(): { busy: boolean; cachedTokens: number; kvCells: number }[] {
-    return this.#slots.map((job, i) => ({
-      busy: job !== undefined,
-      cachedTokens: this.#cache[i]?.length ?? 0,
-      kvCells: job ? (job.promptFed ? job.pos : job.fed) : (this.#cache[i]?.length ?? 0),
-    }));
+  slotInfo(): SlotInfo[] {
+    return this.#slots.map((job, i) => {
+      const tally = this.#specTally[i];
+      return {
+        busy: job !== undefined,
+        cachedTokens: this.#cache[i]?.length ?? 0,
+        kvCells: job ? (job.promptFed ? job.pos : job.fed) : (this.#cache[i]?.length ?? 0),
+        speculative: job?.spec !== undefined,
+        draftN: tally?.drafted ?? 0,
+        draftAccepted: tally?.accepted ?? 0,
+      };
+    });
   }
 
   /** Slots that are running a request or hold cached KV (what a KV move must carry). */
@@ -453,6 +475,7 @@ export class Scheduler {
       const spec = model.info.recurrent || !speculable(job.params.sampler) ? undefined : this.#speculative();
       if (spec)
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
+      this.#specTally[i] = job.spec?.tally;
       this.#slots[i] = job;
     }
     if (changed) this.#slotsChanged();

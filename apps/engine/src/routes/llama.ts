@@ -363,7 +363,14 @@ export class LlamaRoutes {
     if (url.searchParams.get('fail_on_no_slot') && info.every((s) => s.busy))
       throw new HydraError('HYDRA_ERR_NO_SLOT', 'no slot available');
     const cfg = engine.layers.effective() as Record<string, unknown>;
-    return info.map((s, i) => ({ ...this.#slotJson(i, s.busy, cfg), n_cached: s.cachedTokens }));
+    return info.map((s, i) => ({
+      ...this.#slotJson(i, s.busy, cfg),
+      speculative: s.speculative,
+      n_cached: s.cachedTokens,
+      // llama-server's timings names: guessed tokens and those confirmed, of the slot's last request.
+      draft_n: s.draftN,
+      draft_n_accepted: s.draftAccepted,
+    }));
   }
 
   async #slotAction(req: IncomingMessage, idText: string, action: string | null) {
