@@ -41,8 +41,8 @@ afterAll(async () => {
   peer?.kill('SIGKILL');
 });
 
-it('{model, mode: "combine", peer} loads the dense row of the table; {mode: "solo"} leaves COMBINE', async () => {
-  const combined = (await client.configure({ model: 'tiny', mode: 'combine', peer: peerEndpoint })) as {
+it('{model, mode: "combined", peer} loads the dense row of the table; {mode: "solo"} leaves COMBINE', async () => {
+  const combined = (await client.configure({ model: 'tiny', mode: 'combined', peer: peerEndpoint })) as {
     tier: string;
     params_applied: Record<string, unknown>;
   };
@@ -70,11 +70,17 @@ it('{model, mode: "combine", peer} loads the dense row of the table; {mode: "sol
 
 it('rejects a COMBINE without a peer, or a mode without a model, and changes nothing', async () => {
   const before = ((await client.status()) as { epoch: number }).epoch;
-  await expect(client.configure({ model: 'tiny', mode: 'combine' })).rejects.toMatchObject({
+  await expect(client.configure({ model: 'tiny', mode: 'combined' })).rejects.toMatchObject({
     code: 'HYDRA_ERR_BAD_VALUE',
   });
   await expect(client.configure({ mode: 'solo' })).rejects.toMatchObject({ code: 'HYDRA_ERR_BAD_VALUE' });
   await expect(client.configure({ model: 'tiny', mode: 'sideways' })).rejects.toMatchObject({
+    code: 'HYDRA_ERR_BAD_VALUE',
+  });
+  // One spelling, STATUS's and SET_EXPERT_MODE's: "combine" is refused, not read as "combined".
+  await expect(
+    client.configure({ model: 'tiny', mode: 'combine', peer: peerEndpoint }),
+  ).rejects.toMatchObject({
     code: 'HYDRA_ERR_BAD_VALUE',
   });
   expect(((await client.status()) as { epoch: number }).epoch).toBe(before);

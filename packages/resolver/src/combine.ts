@@ -2,8 +2,11 @@ import { fail } from './errors.js';
 import type { ModelClass } from './model-facts.js';
 import { isPeerAddress, type ModelEntry, type ModelRegistry } from './registry.js';
 
-/** SOLO: the model on this engine's device alone. COMBINE: together with a peer engine's device. */
-export type CombineMode = 'solo' | 'combine';
+/**
+ * SOLO: the model on this engine's device alone. COMBINED: together with a peer engine's device
+ * (the spelling of STATUS and SET_EXPERT_MODE on the wire).
+ */
+export type CombineMode = 'solo' | 'combined';
 
 /** Inputs of {@link resolveCombine}. */
 export interface CombineRequest {
@@ -56,8 +59,8 @@ const DEFAULT_N_CPU_MOE = 8;
  * bad peer for combine, unknown model class, dense combine without a split).
  */
 export function resolveCombine(req: CombineRequest): CombineDelta {
-  if (req.mode !== 'solo' && req.mode !== 'combine') {
-    fail('HYDRA_ERR_BAD_VALUE', 'mode must be "solo" or "combine"', { keys: ['mode'] });
+  if (req.mode !== 'solo' && req.mode !== 'combined') {
+    fail('HYDRA_ERR_BAD_VALUE', 'mode must be "solo" or "combined"', { keys: ['mode'] });
   }
   let entry: ModelEntry;
   if (typeof req.model === 'string') {
@@ -83,7 +86,7 @@ export function resolveCombine(req: CombineRequest): CombineDelta {
   const nGpuLayers = d.n_gpu_layers ?? DEFAULT_N_GPU_LAYERS;
 
   let peer: string | undefined;
-  if (req.mode === 'combine') {
+  if (req.mode === 'combined') {
     peer = req.peer ?? entry.peer;
     if (!isPeerAddress(peer)) {
       fail('HYDRA_ERR_BAD_VALUE', 'combine needs a peer as host:port', { keys: ['peer'] });

@@ -89,7 +89,7 @@ describe('resolveCombine: the unified COMBINE table', () => {
       n_gpu_layers: 99,
       split_mode: 'none',
     });
-    expect(resolveCombine({ model: 'dense-27b', mode: 'combine', registry })).toEqual({
+    expect(resolveCombine({ model: 'dense-27b', mode: 'combined', registry })).toEqual({
       model: 'dense-27b',
       n_gpu_layers: 99,
       split_mode: 'layer',
@@ -99,7 +99,7 @@ describe('resolveCombine: the unified COMBINE table', () => {
     expect(
       resolveCombine({
         model: 'dense-27b',
-        mode: 'combine',
+        mode: 'combined',
         registry,
         peer: '10.0.0.2:50052',
         tensorSplit: [21, 44],
@@ -125,7 +125,7 @@ describe('resolveCombine: the unified COMBINE table', () => {
     });
     const combined = resolveCombine({
       model: 'moe-35b',
-      mode: 'combine',
+      mode: 'combined',
       registry,
       modelClass,
       peer: 'localhost:9506',
@@ -170,9 +170,13 @@ describe('resolveCombine: the unified COMBINE table', () => {
     const cases: [Parameters<typeof resolveCombine>[0], string][] = [
       [{ model: 'moe-35b', mode: 'solo', registry }, 'HYDRA_ERR_BAD_VALUE'],
       [{ model: 'missing', mode: 'solo', registry, modelClass: 'dense' }, 'HYDRA_ERR_UNKNOWN_MODEL'],
-      [{ model: 'moe-35b', mode: 'combine', registry, modelClass: 'moe' }, 'HYDRA_ERR_BAD_VALUE'],
-      [{ model: '/m.gguf', mode: 'combine', modelClass: 'dense', peer: 'h:1' }, 'HYDRA_ERR_BAD_VALUE'],
+      [{ model: 'moe-35b', mode: 'combined', registry, modelClass: 'moe' }, 'HYDRA_ERR_BAD_VALUE'],
+      [{ model: '/m.gguf', mode: 'combined', modelClass: 'dense', peer: 'h:1' }, 'HYDRA_ERR_BAD_VALUE'],
       [{ model: '/m.gguf', mode: 'both' as never, modelClass: 'dense' }, 'HYDRA_ERR_BAD_VALUE'],
+      [
+        { model: '/m.gguf', mode: 'combine' as never, modelClass: 'dense', peer: 'h:1' },
+        'HYDRA_ERR_BAD_VALUE',
+      ],
     ];
     for (const [req, code] of cases) expect(codeAt(() => resolveCombine(req)).code).toBe(code);
   });

@@ -440,7 +440,7 @@ export class Controller {
   }
 
   /**
-   * The minimal COMBINE request of the v4 design, `{model, mode: "solo"|"combine", peer?}`, becomes
+   * The minimal COMBINE request of the v4 design, `{model, mode: "solo"|"combined", peer?}`, becomes
    * the stock parameters of the resolver's unified table for the model's class (read from its
    * GGUF); keys the request also names win. Without `mode` the delta passes unchanged.
    */
@@ -457,7 +457,7 @@ export class Controller {
     const resolved: Record<string, unknown> = {
       ...resolveCombine({
         model: rest.model,
-        mode: mode as 'solo' | 'combine',
+        mode: mode as 'solo' | 'combined',
         peer,
         registry: this.#registry,
         modelClass,
