@@ -10,7 +10,7 @@ import { CLI, tinyModel, waitFor } from './helpers.js';
 // The peer is the stock upstream ggml-rpc-server of the same pin.
 const RPC_SERVER = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
   .pathname;
-// 300 ms (the example) passed on a quiet machine; on the shared 2-core CI machine a
+// 300 ms passed on a quiet machine; on the shared 2-core CI machine a
 // 32-token step over ggml-RPC now and then takes longer under load, so the limit is 1 s, still
 // far below the prefill (3.8-8.3 s measured).
 const STALL_MS = 1000;

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { complete, freePort } from './control-helpers.js';
 import { engineWith, tinyModel, waitFor } from './helpers.js';
 
-// The minimal COMBINE request of the v4 design goes through the resolver's unified table.
+// The minimal COMBINE request, {model, mode, peer}, goes through the resolver's unified table.
 const bin = fileURLToPath(new URL('../../../packages/native-ggml/build/bin/', import.meta.url));
 let peer: ChildProcess;
 let peerEndpoint: string;

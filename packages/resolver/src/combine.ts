@@ -33,7 +33,7 @@ export interface CombineDelta {
   tensor_split?: number[];
 }
 
-/** Host-side placements of an MoE model's embedding and output tensors (the v4 table's defaults). */
+/** Host-side placements of an MoE model's embedding and output tensors: the COMBINE table's defaults. */
 export const MOE_HOST_OVERRIDES: readonly string[] = ['token_embd=CPU', 'output=CPU', 'output_norm=CPU'];
 // llama.cpp's LLM_FFN_EXPS_REGEX: merged gate_up and channel-wise (chexps) expert tensors included.
 const FFN_EXPS = '\\.ffn_(up|down|gate|gate_up)_(ch|)exps';

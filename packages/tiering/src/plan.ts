@@ -322,7 +322,7 @@ export function plan(applied: Readonly<Params>, delta: unknown, options: PlanOpt
   const keys = Object.keys(normalized);
   const legacy = keys.length === 1 && keys[0] === 'state_chunk_size';
   const result: PlanResult = {
-    // The fork's legacy handler answered T1 unconditionally and its one caller may check it.
+    // protocol.md's legacy form: a lone state_chunk_size always answers T1, which its older clients check.
     tier: legacy ? 'T1' : tier,
     changes,
     paramsApplied: normalized,

@@ -1,6 +1,6 @@
 /**
- * The common_params field registry: every field named in the tier lists of the v4 design (seed 000,
- * "Q1") and the CONFIGURE wire schema (seed 001), keyed by its canonical wire name.
+ * The common_params field registry: every field a CONFIGURE may name (docs/protocol.md), with the
+ * rebuild tier its change costs, keyed by its canonical wire name.
  */
 
 /** Rebuild tiers from the cheapest; T4 is start-only and rejected at run time. */

@@ -32,7 +32,7 @@ describe('plan', () => {
     expect(r.stateChunkSizeApplied).toBeUndefined();
   });
 
-  it('plans the seed 001 request with the highest tier and model keys', () => {
+  it('plans a mixed-tier request with the highest tier and model keys', () => {
     const r = plan(defaults(), {
       sampling: { temp: 0.5, top_p: 0.9, top_k: 40, min_p: 0.05, penalty_repeat: 1.1 },
       seed: 42,
@@ -72,7 +72,7 @@ describe('plan', () => {
     expect(low.stateChunkSizeApplied).toBe(65536);
     const high = plan(d, { state_chunk_size: 2 ** 40 });
     expect(high.stateChunkSizeApplied).toBe(64 * 1024 * 1024);
-    // Unchanged still answers T1: the fork's caller expects it.
+    // Unchanged still answers T1, as protocol.md's legacy form says.
     const again = plan(high.next, { state_chunk_size: 2 ** 40 });
     expect([again.tier, again.changes, again.stateChunkSizeApplied]).toEqual(['T1', [], 64 * 1024 * 1024]);
     // Not legacy once another key comes along.

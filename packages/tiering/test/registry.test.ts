@@ -2,16 +2,15 @@ import type { HydraError } from '@hydra-engine/errors';
 import { describe, expect, it } from 'vitest';
 import { defaults, FIELDS, fieldFor, plan, type Tier } from '../src/index.js';
 
-// The tier lists, verbatim, from ../shared/seeds/000_a4200a3344a1aa2a.txt ("Q1") and the tier table
-// of ../shared/seeds/001_c6a360b2ea89da50.txt. The test parses these lines, so a name that drifts
-// from the registry fails here.
-const SEED_000: Record<Tier, string> = {
+// The tier lists the registry was built from, verbatim: which common_params fields each rebuild
+// tier covers. The test parses these lines, so a name that drifts from the registry fails here.
+const TIER_LISTS: Record<Tier, string> = {
   T1: 'n_predict, sampling.*, n_keep, n_chunks, n_print, antiprompt, prompt_cache_*, cache_prompt, cache_idle_slots, n_cache_reuse, n_ctx_checkpoints, checkpoint_min_step, cache_ram_mib, slot_prompt_similarity, single_turn, cont_batching, ctx_shift, input_prefix/suffix/bos, prompt, system_prompt, prompt_file, api_keys, chat_template, use_jinja, enable_chat_template, force_pure_content_parser, default_template_kwargs, reasoning_format, enable_reasoning, prefill_assistant, embedding, embd_normalize, embd_out, embd_sep, cls_sep, image, image_min_tokens, image_max_tokens, timeout_read, timeout_write, sse_ping_interval, sleep_idle_seconds, server TTY-related flags, logits_file, logits_output_dir, save_logits, tensor_filter, out_file, load_progress_callback[_user_data]',
   T2: 'n_ctx, n_batch, n_ubatch, n_parallel, n_sequences, n_outputs_max, grp_attn_n, grp_attn_w, cpuparams, cpuparams_batch, cb_eval, cb_eval_user_data, numa, rope_freq_base/scale, yarn_*, rope_scaling_type, pooling_type, attention_type, flash_attn_type, cache_type_k, cache_type_v, kv_unified, swa_full, no_perf, no_kv_offload, no_op_offload, no_extra_bufts, no_host, speculative (lookup-ngram only — the model-draft field is T3)',
   T3: 'model, mmproj, n_gpu_layers, main_gpu, tensor_split, split_mode, devices, use_mmap, use_direct_io, use_mlock, check_tensors, no_alloc, kv_overrides, tensor_buft_overrides, lora_init_without_apply, lora_adapters, control_vectors, the rpc_servers list (stock --rpc-server), n_cpu_moe, speculative.model',
   T4: 'bind ports (--port, --rpc-port, --rpc-server-port), --hostname, --n-threads-http, log config, TLS cert paths, CUDA device selection',
 };
-const SEED_001: Record<Exclude<Tier, 'T4'>, string> = {
+const WIRE_TIERS: Record<Exclude<Tier, 'T4'>, string> = {
   T1: 'sampling.temp, sampling.top_p, sampling.top_k, sampling.min_p, sampling.penalty_repeat, seed, n_predict, n_keep, antiprompt',
   T2: 'n_ctx, cache_type_k, cache_type_v, rope_freq_base, yarn_*, rope_scaling_type',
   T3: 'n_gpu_layers, n_cpu_moe, tensor_buft_overrides (for override_tensor), split_mode, tensor_split, model.path',
@@ -19,7 +18,7 @@ const SEED_001: Record<Exclude<Tier, 'T4'>, string> = {
 
 const keysWith = (prefix: string) => FIELDS.filter((f) => f.key.startsWith(prefix)).map((f) => f.key);
 
-/** Seed phrases that name a group of fields rather than one field. */
+/** Phrases of the lists that name a group of fields rather than one field. */
 const GROUPS: Record<string, () => string[]> = {
   'sampling.*': () => [...keysWith('sampling.'), 'seed'],
   'prompt_cache_*': () => ['prompt_cache_all', 'prompt_cache_ro', 'path_prompt_cache'],
@@ -52,9 +51,9 @@ const GROUPS: Record<string, () => string[]> = {
   'CUDA device selection': () => ['cuda_visible_devices'],
 };
 
-/** Fields the registry holds beyond the seed lists, with the tier each gets and why. */
+/** Fields the registry holds beyond the tier lists, with the tier each gets and why. */
 const EXTRAS: Record<string, Tier> = {
-  state_chunk_size: 'T1', // seed 001's wire example and its legacy payload
+  state_chunk_size: 'T1', // protocol.md's legacy CONFIGURE form
   // COMBINE failover settings (issue 22): read at the next peer loss, so a CONFIGURE reloads nothing.
   failover_policy: 'T1',
   peer_rejoin: 'T1',
@@ -77,11 +76,11 @@ function expand(list: string): string[] {
   return items.flatMap((item) => GROUPS[item.trim()]?.() ?? [item.trim()]);
 }
 
-describe('registry tiers pinned against the seed lists', () => {
+describe('registry tiers pinned against the tier lists', () => {
   const pinned = new Map<string, Tier>();
   for (const [source, lists] of [
-    ['seed 000', SEED_000],
-    ['seed 001', SEED_001],
+    ['tier lists', TIER_LISTS],
+    ['wire tier table', WIRE_TIERS],
   ] as const) {
     for (const [tier, list] of Object.entries(lists) as [Tier, string][]) {
       for (const name of expand(list)) {
@@ -98,7 +97,7 @@ describe('registry tiers pinned against the seed lists', () => {
   for (const [key, tier] of Object.entries(EXTRAS)) pinned.set(key, tier);
 
   it.each(FIELDS.map((f) => [f.key, f.tier] as const))('%s is pinned at %s', (key, tier) => {
-    expect(pinned.get(key), `${key} has no tier in the seed lists or EXTRAS`).toBe(tier);
+    expect(pinned.get(key), `${key} has no tier in the tier lists or EXTRAS`).toBe(tier);
   });
 
   it('sends T1 sampling to the sampler, T2 to the context, T3 to the model', () => {
@@ -112,7 +111,7 @@ describe('registry tiers pinned against the seed lists', () => {
 });
 
 describe('registry entries', () => {
-  it('uses the seed 001 wire names as canonical keys', () => {
+  it('uses the wire names as canonical keys', () => {
     for (const name of [
       'override_tensors',
       'rpc_servers',
