@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
@@ -1242,6 +1243,26 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     int32_t penalty_last_n = (int32_t) arg_number(p, "penaltyLastN", 64);
     uint32_t seed = (uint32_t) arg_number(p, "seed", LLAMA_DEFAULT_SEED);
     std::string grammar = arg_string(p, "grammar");
+    // A tool-call grammar of the common chat layer: lazy from a trigger on, or prefilled with the
+    // generation prompt the template already wrote (common_sampler_init does both).
+    const bool grammar_lazy = p.Has("grammarLazy") && p.Get("grammarLazy").ToBoolean().Value();
+    std::vector<std::string> trigger_patterns = p.Has("grammarTriggerPatterns") ? arg_strings(p, "grammarTriggerPatterns") : std::vector<std::string>{};
+    std::vector<llama_token> trigger_tokens;
+    if (p.Has("grammarTriggerTokens")) {
+        Napi::Value v = p.Get("grammarTriggerTokens");
+        if (!v.IsArray()) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.grammarTriggerTokens must be an array of token ids");
+        }
+        Napi::Array a = v.As<Napi::Array>();
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            int32_t t = a.Get(i).ToNumber().Int32Value();
+            if (t < 0 || t >= n_vocab) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "params.grammarTriggerTokens: token id out of range");
+            }
+            trigger_tokens.push_back(t);
+        }
+    }
+    std::string grammar_prefill = arg_string(p, "grammarPrefill");
     float xtc_probability = (float) arg_number(p, "xtcProbability", 0.0);
     float xtc_threshold = (float) arg_number(p, "xtcThreshold", 0.1);
     float dynatemp_range = (float) arg_number(p, "dynatempRange", 0.0);
@@ -1293,10 +1314,40 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     scp.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(scp);
     if (!grammar.empty()) {
-        llama_sampler * g = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
+        llama_sampler * g = nullptr;
+        if (grammar_lazy) {
+            std::vector<const char *> pats;
+            for (const std::string & t : trigger_patterns) {
+                pats.push_back(t.c_str());
+            }
+            g = llama_sampler_init_grammar_lazy_patterns(vocab, grammar.c_str(), "root", pats.data(), pats.size(),
+                                                         trigger_tokens.data(), trigger_tokens.size());
+        } else {
+            g = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
+        }
         if (g == nullptr) {
             llama_sampler_free(chain);
             hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "grammar failed to parse");
+        }
+        if (!grammar_lazy && !grammar_prefill.empty()) {
+            std::vector<llama_token> pre(grammar_prefill.size() + 2);
+            int32_t n = llama_tokenize(vocab, grammar_prefill.data(), (int32_t) grammar_prefill.size(), pre.data(), (int32_t) pre.size(), false, true);
+            pre.resize(std::max(0, n));
+            try {
+                for (size_t i = 0; i < pre.size(); i++) {
+                    char piece[8] = {0};
+                    // As common_sampler_init: a space some tokenizers put before a first special token is skipped.
+                    if (i == 0 && llama_token_to_piece(vocab, pre[i], piece, sizeof(piece), 0, true) > 0 && isspace((unsigned char) piece[0]) &&
+                        !isspace((unsigned char) grammar_prefill[0])) {
+                        continue;
+                    }
+                    llama_sampler_accept(g, pre[i]);
+                }
+            } catch (const std::exception & e) {
+                llama_sampler_free(g);
+                llama_sampler_free(chain);
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string("grammar does not accept its prefill: ") + e.what());
+            }
         }
         llama_sampler_chain_add(chain, g);
     }
@@ -1391,6 +1442,15 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
         signature += one;
     }
     s->signature = signature + "/" + grammar;
+    if (!grammar.empty()) {
+        s->signature += "/" + std::to_string(grammar_lazy) + "/" + std::to_string(grammar_prefill.size()) + ":" + grammar_prefill;
+        for (const std::string & t : trigger_patterns) {
+            s->signature += "/" + std::to_string(t.size()) + ":" + t;
+        }
+        for (llama_token t : trigger_tokens) {
+            s->signature += "/t" + std::to_string(t);
+        }
+    }
     return handle_make<hydra_sampler>(env, s, sampler_destroy);
 }
 

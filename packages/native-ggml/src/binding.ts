@@ -119,6 +119,13 @@ export interface NativeSamplerParams {
   seed?: number;
   /** GBNF with a `root` rule; a grammar that does not parse is HYDRA_ERR_BAD_ARGUMENT. */
   grammar?: string;
+  /** The grammar applies from a trigger on (a pattern match or a token), as a lazy grammar. */
+  grammarLazy?: boolean;
+  /** Regexes over the text so far; a match turns a lazy grammar on (llama_sampler_init_grammar_lazy_patterns). */
+  grammarTriggerPatterns?: string[];
+  grammarTriggerTokens?: number[];
+  /** Text the prompt already ends with that the (non-lazy) grammar must first accept (a chat's generation prompt). */
+  grammarPrefill?: string;
   xtcProbability?: number;
   xtcThreshold?: number;
   dynatempRange?: number;

@@ -1,7 +1,10 @@
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initBackend, Model, parseChatOutput } from '../src/index.js';
+import { type ChatCommonParams, initBackend, Model, parseChatOutput } from '../src/index.js';
+import { writeSyntheticModel } from '../src/synth/index.js';
 import { tinyModel } from './helpers.js';
 
 // llama.cpp's common chat layer compiled into the addon: Jinja rendering with tools, tool-call
@@ -20,11 +23,19 @@ const weather = {
 };
 
 let model: Model;
+// The tiny model with chat: 'tools' (TOOLS_TEMPLATE, no space prefix after special tokens).
+let toolsModel: Model;
 beforeAll(async () => {
   initBackend();
   model = await Model.load({ path: await tinyModel('f32'), nGpuLayers: 0 });
+  const out = join(mkdtempSync(join(tmpdir(), 'hydra-chat-')), 'tiny-tools.gguf');
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 7, out, chat: 'tools' });
+  toolsModel = await Model.load({ path: out, nGpuLayers: 0 });
 });
-afterAll(() => model?.dispose());
+afterAll(() => {
+  model?.dispose();
+  toolsModel?.dispose();
+});
 
 describe('applyChatCommonAsync', () => {
   it('renders messages, tools, assistant tool_calls and tool results with the Jinja template', async () => {
@@ -109,5 +120,113 @@ describe('parseChatOutput', () => {
     expect(part.content).toBe('Let me look.');
     const plain = await parseChatOutput('just text', p);
     expect(plain).toEqual({ content: 'just text', reasoningContent: '', toolCalls: [] });
+  });
+});
+
+// Generates with the chat layer's grammar in the sampler until the model ends its turn.
+async function generate(
+  model: Model,
+  p: ChatCommonParams,
+  seed: number,
+  logitBias: { token: number; bias: number }[] = [],
+  limit = 256,
+): Promise<string> {
+  const ctx = await model.createContext({ nCtx: 2048 });
+  const sampler = model.createSampler({
+    temp: 1,
+    seed,
+    grammar: p.grammar,
+    grammarLazy: p.grammarLazy,
+    grammarPrefill: p.grammarLazy ? '' : p.generationPrompt,
+    logitBias,
+  });
+  try {
+    const prompt = Array.from(await model.tokenizeAsync(p.prompt));
+    let r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler }]);
+    const out: number[] = [];
+    while (out.length < limit && !model.isEndOfGeneration(r.tokens[0]!)) {
+      out.push(r.tokens[0]!);
+      r = await ctx.decode([
+        { seq: 0, pos: prompt.length + out.length - 1, tokens: [r.tokens[0]!], sampler },
+      ]);
+    }
+    if (out.length >= limit) console.log(JSON.stringify(model.detokenize(Int32Array.from(out))));
+    expect(out.length).toBeLessThan(limit);
+    return model.detokenize(Int32Array.from(out));
+  } finally {
+    sampler.dispose();
+    await ctx.dispose();
+  }
+}
+
+describe('tool-call grammar in the sampler', () => {
+  const pick = {
+    type: 'function',
+    function: {
+      name: 'pick_city',
+      parameters: {
+        type: 'object',
+        properties: {
+          city: { type: 'string', enum: ['Paris', 'Rome'] },
+          days: { type: 'integer', minimum: 1, maximum: 9 },
+        },
+        required: ['city', 'days'],
+      },
+    },
+  };
+  it('a named tool_choice makes even random weights write a call whose arguments match the schema', async () => {
+    const p = await toolsModel.applyChatCommonAsync({
+      messages: [{ role: 'user', content: 'Pick a city' }],
+      tools: [weather, pick],
+      tool_choice: { type: 'function', function: { name: 'pick_city' } },
+      parallel_tool_calls: false,
+    });
+    expect(p.grammarLazy).toBe(false);
+    // The layer's grammar (as upstream's) lets text come before the call, up to "<tool_call>\n":
+    // random weights would write text for long, so those two tokens are favoured, and the end of
+    // the turn once the grammar allows it. What the call holds is the grammar's doing alone.
+    const [newline] = await toolsModel.tokenizeAsync('\n', { addSpecial: false });
+    const bias = [
+      { token: toolsModel.info.nVocab - 2, bias: 10 },
+      { token: newline!, bias: 10 },
+      { token: toolsModel.info.eos, bias: 20 },
+    ];
+    for (const seed of [1, 2, 3]) {
+      const text = await generate(toolsModel, p, seed, bias);
+      const msg = await parseChatOutput(text, p);
+      expect(msg.toolCalls).toHaveLength(1);
+      expect(msg.toolCalls[0]!.name).toBe('pick_city');
+      const args = JSON.parse(msg.toolCalls[0]!.arguments);
+      expect(['Paris', 'Rome']).toContain(args.city);
+      expect(Number.isInteger(args.days) && args.days >= 1 && args.days <= 9).toBe(true);
+    }
+  });
+
+  it('a lazy grammar (tool_choice auto) builds with its triggers; a bad trigger token is refused', () => {
+    expect(() =>
+      model.createSampler({ grammar: 'root ::= "a"', grammarLazy: true, grammarTriggerTokens: [1 << 30] }),
+    ).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_BAD_ARGUMENT' }));
+    model
+      .createSampler({ grammar: 'root ::= "a"', grammarLazy: true, grammarTriggerPatterns: ['<tool_call>'] })
+      .dispose();
+  });
+});
+
+describe("the synthetic model's own template (chat: 'tools')", () => {
+  it('renders plain chats as the legacy chatml renderer does, and tools as the Jinja template says', async () => {
+    const messages = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'Hello' },
+      { role: 'assistant', content: 'Hi' },
+      { role: 'user', content: 'Weather?' },
+    ];
+    const jinja = await toolsModel.applyChatCommonAsync({ messages });
+    expect(jinja.prompt).toBe(await toolsModel.applyChatTemplateAsync(messages));
+    const tools = await toolsModel.applyChatCommonAsync({ messages, tools: [weather] });
+    expect(tools.prompt.startsWith('<|im_start|>system\nBe brief.\n\n# Tools')).toBe(true);
+    expect(tools.formatName).toBe('peg-native');
+    // Text right after a special token keeps no added space: the prompt's tokens spell it back.
+    const ids = await toolsModel.tokenizeAsync(tools.generationPrompt, { addSpecial: false });
+    expect(toolsModel.detokenize(ids, { unparseSpecial: true })).toBe(tools.generationPrompt);
   });
 });

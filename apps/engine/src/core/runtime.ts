@@ -210,11 +210,13 @@ export class Runtime {
       const peerBufts: string[] = [];
       for (const peer of peers) peerBufts.push(...(await registerPeer(peer)).bufferTypes);
       // tensor_split/n_gpu_layers "auto": the planner's choice over the memory free after the unload.
-      cfg = resolveAuto(facts, cfg, {
-        devices: await freshDevices(2000, false),
-        peerDevices: peerDeviceNames,
-        fit: this.#fit,
-      }).cfg;
+      if (cfg.tensor_split === 'auto' || cfg.n_gpu_layers === 'auto') {
+        cfg = resolveAuto(facts, cfg, {
+          devices: await freshDevices(2000, false),
+          peerDevices: peerDeviceNames,
+          fit: this.#fit,
+        }).cfg;
+      }
       const configured = modelParamsFrom(cfg, path);
       // MoE + COMBINE: the experts go to the first peer unless the overrides already place them.
       const dual = peers.length > 0 && (await isMoe(path));

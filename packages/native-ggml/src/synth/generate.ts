@@ -25,7 +25,15 @@ import {
   synthHparams,
   synthTensors,
 } from './shapes.js';
-import { BOS_ID, buildVocabulary, CHATML_TEMPLATE, EOS_ID, UNK_ID } from './vocab.js';
+import {
+  BOS_ID,
+  buildVocabulary,
+  CHATML_TEMPLATE,
+  EOS_ID,
+  TOOLS_TEMPLATE,
+  UNK_ID,
+  withToolCallTokens,
+} from './vocab.js';
 
 /** Progress of {@link writeSyntheticModel}, reported after each chunk reaches the file. */
 export interface SynthProgress {
@@ -50,6 +58,14 @@ export interface SynthModelOptions {
   /** Output path; written as `<out>.partial` and renamed when complete. */
   out: string;
   onProgress?: (progress: SynthProgress) => void;
+  /**
+   * `chatml` (default): the plain chatml template. `tools`: {@link TOOLS_TEMPLATE}, `<tool_call>` and
+   * `</tool_call>` as user-defined tokens (the vocabulary's last two ids), and no space
+   * prefix after special tokens (add_space_prefix false), so that text right after
+   * `<|im_start|>` tokenizes as written, as in BPE chat models: a tool-call grammar that starts
+   * with the generation prompt then accepts the tokens the prompt ends with.
+   */
+  chat?: 'chatml' | 'tools';
 }
 
 /** What {@link writeSyntheticModel} wrote. */
@@ -107,6 +123,9 @@ function validate(options: SynthModelOptions): void {
   if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
     throw badArgument('onProgress', 'options.onProgress must be a function');
   }
+  if (options.chat !== undefined && options.chat !== 'chatml' && options.chat !== 'tools') {
+    throw badArgument('chat', "options.chat must be 'chatml' or 'tools'");
+  }
 }
 
 function metadata(
@@ -115,8 +134,9 @@ function metadata(
   quant: SynthQuant,
   seed: number,
   h: SynthHparams,
+  chat: 'chatml' | 'tools' = 'chatml',
 ): Array<[string, GgufValue]> {
-  const vocab = buildVocabulary(h.nVocab);
+  const vocab = chat === 'tools' ? withToolCallTokens(buildVocabulary(h.nVocab)) : buildVocabulary(h.nVocab);
   const a = ggufArchName(arch);
   const y = h.hybrid;
   const kv: Array<[string, GgufValue]> = [
@@ -174,8 +194,9 @@ function metadata(
     ['tokenizer.ggml.unknown_token_id', { type: 'u32', value: UNK_ID }],
     ['tokenizer.ggml.add_bos_token', { type: 'bool', value: true }],
     ['tokenizer.ggml.add_eos_token', { type: 'bool', value: false }],
-    ['tokenizer.chat_template', { type: 'str', value: CHATML_TEMPLATE }],
+    ['tokenizer.chat_template', { type: 'str', value: chat === 'tools' ? TOOLS_TEMPLATE : CHATML_TEMPLATE }],
   );
+  if (chat === 'tools') kv.push(['tokenizer.ggml.add_space_prefix', { type: 'bool', value: false }]);
   return kv;
 }
 
@@ -348,7 +369,7 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
   const started = performance.now();
   const hparams = synthHparams(arch, shape);
   const tensors = synthTensors(hparams, quant);
-  const layout = encodeGgufHeader(metadata(arch, shape, quant, seed, hparams), tensors);
+  const layout = encodeGgufHeader(metadata(arch, shape, quant, seed, hparams, options.chat), tensors);
   const totalBytes = layout.header.length + layout.dataBytes;
   const partial = `${path}.partial`;
 

@@ -20,6 +20,63 @@ export const IM_END_ID = 260;
 export const CHATML_TEMPLATE =
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/**
+ * A Qwen 2.5-style template with tool support (tools listed in the system turn, assistant
+ * `<tool_call>` JSON, `role: "tool"` results as `<tool_response>`), for `chat: 'tools'` models.
+ * Without tools and a system message it renders exactly what {@link CHATML_TEMPLATE} renders.
+ */
+export const TOOLS_TEMPLATE = String.raw`{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+`;
+
 const COMMON_WORDS =
   `the of and to a in is it you that he was for on are with as I his they be at one have hello world
 this from or had by hot word but what some we can out other were all there when up use your how said an
@@ -137,4 +194,22 @@ export function buildVocabulary(size: number): Vocabulary {
   const firstPiece = IM_END_ID + 1;
   for (let i = firstPiece; i < size; i++) scores[i] = -(i - firstPiece);
   return { tokens, scores, types: Int32Array.from(types) };
+}
+
+export const TOOL_CALL = '<tool_call>';
+export const TOOL_CALL_END = '</tool_call>';
+
+/**
+ * The vocabulary of a `chat: 'tools'` model: the two last (least ranked, so no other piece's
+ * prefix) pieces become `<tool_call>` and `</tool_call>`, user-defined tokens as in Qwen 2.5.
+ */
+export function withToolCallTokens(vocab: Vocabulary): Vocabulary {
+  const n = vocab.tokens.length;
+  const tokens = vocab.tokens.slice();
+  const types = vocab.types.slice();
+  tokens[n - 2] = TOOL_CALL;
+  tokens[n - 1] = TOOL_CALL_END;
+  types[n - 2] = TokenType.USER_DEFINED;
+  types[n - 1] = TokenType.USER_DEFINED;
+  return { tokens, scores: vocab.scores, types };
 }
