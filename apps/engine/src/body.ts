@@ -1,5 +1,5 @@
 import { Worker } from 'node:worker_threads';
-import { HydraError } from './errors.js';
+import { type ErrorCode, HydraError } from './errors.js';
 
 /** A completion request body, parsed and checked, with its bulky parts in compact form. */
 export interface PreparedBody {
@@ -11,14 +11,16 @@ export interface PreparedBody {
   tokens?: { ids: Int32Array; max: number };
 }
 
-type Outcome = ({ ok: true } & PreparedBody) | { ok: false; code: string; message: string; keys?: string[] };
+type Outcome =
+  | ({ ok: true } & PreparedBody)
+  | { ok: false; code: ErrorCode; message: string; keys?: string[] };
 
 /**
  * Parses and checks a completion body. Self-contained (no outer names, no imports): the same
  * source also runs as the body of the parser worker thread.
  */
 function prepare(data: Uint8Array, chat: boolean, maxMessages: number): Outcome {
-  const fail = (code: string, message: string, key?: string): Outcome => ({
+  const fail = (code: ErrorCode, message: string, key?: string): Outcome => ({
     ok: false,
     code,
     message,

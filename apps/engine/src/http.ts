@@ -5,7 +5,7 @@ import { Allowlist } from '@hydra-engine/hydra-rpc';
 import { jsonSchemaToGrammar } from '@hydra-engine/native-ggml';
 import { BodyParser, type PreparedBody } from './body.js';
 import type { Engine, GenerationParams, GenerationResult } from './engine.js';
-import { HydraError } from './errors.js';
+import { HydraError, httpStatus } from './errors.js';
 import type { RequestRecord } from './metrics.js';
 import { checkSampler, requestSettings } from './request-params.js';
 import { applyCors, CORS_DEFAULTS, type CorsOptions } from './routes/cors.js';
@@ -75,35 +75,6 @@ export interface HttpStats {
   unauthorized: number;
 }
 
-const STATUS_BY_CODE: Record<string, number> = {
-  HYDRA_ERR_NO_MODEL: 503,
-  HYDRA_ERR_LOADING: 503,
-  HYDRA_ERR_DRAINING: 503,
-  HYDRA_ERR_SHUTTING_DOWN: 503,
-  HYDRA_ERR_DRAIN_TIMEOUT: 503,
-  HYDRA_ERR_PEER_LOST: 502,
-  HYDRA_ERR_BAD_JSON: 400,
-  HYDRA_ERR_BAD_REQUEST: 400,
-  HYDRA_ERR_BAD_VALUE: 400,
-  HYDRA_ERR_UNKNOWN_KEY: 400,
-  HYDRA_ERR_UNSUPPORTED_FIELD: 400,
-  HYDRA_ERR_PROMPT_TOO_LONG: 400,
-  HYDRA_ERR_TOO_MANY_MESSAGES: 400,
-  HYDRA_ERR_BODY_TOO_LARGE: 413,
-  HYDRA_ERR_PROMPT_TOO_LARGE: 413,
-  HYDRA_ERR_TOO_MANY_CONNECTIONS: 503,
-  HYDRA_ERR_FORBIDDEN: 403,
-  HYDRA_ERR_REQUEST_TIMEOUT: 408,
-  HYDRA_ERR_QUEUE_FULL: 429,
-  HYDRA_ERR_UNAUTHORIZED: 401,
-  HYDRA_ERR_NOT_FOUND: 404,
-  HYDRA_ERR_METHOD_NOT_ALLOWED: 405,
-  HYDRA_ERR_NOT_SUPPORTED: 501,
-  HYDRA_ERR_NO_SLOT: 503,
-  HYDRA_ERR_SLOT_BUSY: 409,
-  HYDRA_ERR_STATE_INVALID: 400,
-};
-
 function errorType(status: number): string {
   if (status === 401) return 'authentication_error';
   if (status === 404) return 'not_found_error';
@@ -134,7 +105,7 @@ const sentCodes = new WeakMap<ServerResponse, string>();
 function sendError(res: ServerResponse, err: unknown, headers: Record<string, string> = {}): void {
   const code = err instanceof HydraError ? err.code : 'HYDRA_ERR_INTERNAL';
   if (!res.headersSent) sentCodes.set(res, code);
-  const status = STATUS_BY_CODE[code] ?? 500;
+  const status = httpStatus(code);
   const message = err instanceof Error ? err.message : String(err);
   const keys = err instanceof HydraError ? err.keys : undefined;
   if (res.headersSent) return;

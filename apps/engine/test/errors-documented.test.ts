@@ -1,9 +1,35 @@
 import { readFileSync } from 'node:fs';
-import { undocumentedCodes } from '@hydra-engine/errors';
-import { expect, it } from 'vitest';
-import { ERROR_CODES } from '../src/errors.js';
+import { tableCodes, undocumentedCodes } from '@hydra-engine/errors';
+import { describe, expect, it } from 'vitest';
+import { ERROR_CODES, ERRORS, httpStatus } from '../src/errors.js';
 
-it('documents every error code in README.md', () => {
-  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
-  expect(undocumentedCodes(ERROR_CODES, readme)).toEqual([]);
+const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+
+describe('the error table', () => {
+  it('documents every declared code in README.md', () => {
+    expect(undocumentedCodes(ERROR_CODES, readme)).toEqual([]);
+  });
+
+  it("declares every code of README.md's error table", () => {
+    const declared = new Set<string>(ERROR_CODES);
+    expect([...tableCodes(readme)].filter((c) => !declared.has(c))).toEqual([]);
+  });
+
+  it("states in README.md's table the HTTP status each code is declared with", () => {
+    const wrong: string[] = [];
+    for (const m of readme.matchAll(/^\|\s*`(HYDRA_ERR_[A-Z0-9_]+)`\s*\|\s*([^|]*)\|/gm)) {
+      const code = m[1] as keyof typeof ERRORS;
+      const stated = /^\d{3}\b/.exec(m[2]!.trim())?.[0];
+      if (ERRORS[code]?.status !== Number(stated))
+        wrong.push(`${code}: README ${m[2]!.trim()}, declared ${ERRORS[code]?.status}`);
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it('gives the OpenAI and /control routes one status per code: the declared one, 500 when undeclared', () => {
+    expect(httpStatus('HYDRA_ERR_QUEUE_FULL')).toBe(429);
+    expect(httpStatus('HYDRA_ERR_SLOT_BUSY')).toBe(409);
+    expect(httpStatus('HYDRA_ERR_UNKNOWN_MODEL')).toBe(400);
+    expect(httpStatus('HYDRA_ERR_NOT_DECLARED_ANYWHERE')).toBe(500);
+  });
 });

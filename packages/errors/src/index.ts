@@ -16,16 +16,19 @@ export interface HydraErrorOptions {
   details?: Readonly<Record<string, unknown>>;
 }
 
-/** Base class of every deliberate Hydra error. */
-export class HydraError extends Error {
+/**
+ * Base class of every deliberate Hydra error. `C` narrows `code` to a package's declared codes
+ * (see {@link defineErrors}); a package re-exports the class typed with its own union.
+ */
+export class HydraError<C extends string = string> extends Error {
   /** Stable, documented identifier such as `HYDRA_ERR_QUEUE_FULL`. */
-  readonly code: string;
+  readonly code: C;
   /** Offending keys, when the error is about named inputs. */
   readonly keys: readonly string[] | undefined;
   /** Extra machine-readable facts. */
   readonly details: Readonly<Record<string, unknown>> | undefined;
 
-  constructor(code: string, message: string, options: HydraErrorOptions = {}) {
+  constructor(code: C, message: string, options: HydraErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     if (!CODE_PATTERN.test(code)) {
       throw new TypeError(`error code must match ${CODE_PATTERN}, got ${JSON.stringify(code)}`);
@@ -70,4 +73,42 @@ export function documentedCodes(markdown: string): Set<string> {
 export function undocumentedCodes(defined: Iterable<string>, markdown: string): string[] {
   const documented = documentedCodes(markdown);
   return [...defined].filter((code) => !documented.has(code));
+}
+
+/** One declared error code: the HTTP status an HTTP edge answers it with, and what it means. */
+export interface ErrorSpec {
+  readonly status: number;
+  readonly meaning: string;
+}
+
+/**
+ * Declares a package's error codes once, each with its HTTP status and meaning (as fastify's
+ * `createError(code, message, statusCode)` does). Throws a TypeError for a code outside the
+ * convention, a status outside 400..599 or an empty meaning, so a bad table fails at import.
+ */
+export function defineErrors<const T extends Record<string, ErrorSpec>>(table: T): Readonly<T> {
+  for (const [code, spec] of Object.entries(table)) {
+    if (!CODE_PATTERN.test(code)) throw new TypeError(`error code must match ${CODE_PATTERN}, got ${code}`);
+    if (!Number.isInteger(spec.status) || spec.status < 400 || spec.status > 599) {
+      throw new TypeError(`${code}: status must be an integer in 400..599, got ${spec.status}`);
+    }
+    if (typeof spec.meaning !== 'string' || spec.meaning.trim() === '') {
+      throw new TypeError(`${code}: meaning must be a non-empty string`);
+    }
+    Object.freeze(spec);
+  }
+  return Object.freeze(table);
+}
+
+/**
+ * The HTTP status of `code` in `table`; 500 for a code the table does not declare (an undeclared
+ * code reaching an HTTP edge is a server bug, not the client's).
+ */
+export function httpStatusOf(table: Readonly<Record<string, ErrorSpec>>, code: string): number {
+  return Object.hasOwn(table, code) ? table[code]!.status : 500;
+}
+
+/** The codes of a markdown error table: the rows that start with a backquoted `HYDRA_ERR_*` cell. */
+export function tableCodes(markdown: string): Set<string> {
+  return new Set([...markdown.matchAll(/^\|\s*`(HYDRA_ERR_[A-Z0-9_]+)`/gm)].map((m) => m[1]!));
 }

@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Allowlist, type HydraPort, type HydraPortStats } from '@hydra-engine/hydra-rpc';
-import { HydraError } from '../errors.js';
+import { HydraError, httpStatus } from '../errors.js';
 import type { Controller } from './controller.js';
 
 /** The Hydra STATUS reply (protocol.md) with the extra facts a coordinator uses. */
@@ -74,25 +74,6 @@ export function registerControl(port: HydraPort, c: Controller): void {
   });
 }
 
-const HTTP_STATUS: Record<string, number> = {
-  HYDRA_ERR_FORBIDDEN: 403,
-  HYDRA_ERR_NOT_FOUND: 404,
-  HYDRA_ERR_METHOD_NOT_ALLOWED: 405,
-  HYDRA_ERR_REQUEST_TIMEOUT: 408,
-  HYDRA_ERR_BODY_TOO_LARGE: 413,
-  HYDRA_ERR_PEER_UNREACHABLE: 502,
-  HYDRA_ERR_PEER_LOST: 502,
-  HYDRA_ERR_NO_MODEL: 503,
-  HYDRA_ERR_LOADING: 503,
-  HYDRA_ERR_DRAINING: 503,
-  HYDRA_ERR_NOT_MOE: 409,
-  HYDRA_ERR_NO_PEER: 409,
-  HYDRA_ERR_QUANT_PARITY: 409,
-  HYDRA_ERR_SLOT_BUSY: 409,
-  HYDRA_ERR_LOAD_FAILED: 500,
-  HYDRA_ERR_INTERNAL: 500,
-};
-
 function reply(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
@@ -103,7 +84,7 @@ function fail(res: ServerResponse, err: unknown): void {
   const e = err instanceof HydraError ? err : undefined;
   const code = e?.code ?? 'HYDRA_ERR_INTERNAL';
   if (res.headersSent) return;
-  reply(res, HTTP_STATUS[code] ?? 400, {
+  reply(res, httpStatus(code), {
     success: false,
     error: {
       code,
