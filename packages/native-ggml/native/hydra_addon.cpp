@@ -1116,6 +1116,7 @@ public:
         c->ctx = ctx;
         c->owner = m;
         c->n_batch = (int32_t) llama_n_batch(ctx);
+        c->outputs_per_seq = cp.n_outputs_max_per_seq == 0 ? c->n_batch : std::min((int32_t) cp.n_outputs_max_per_seq, c->n_batch);
         c->backend_sampling = backend_sampling;
         c->batch = llama_batch_init(c->n_batch, 0, 1);
         c->last_sampled.assign(llama_n_seq_max(ctx), -1);
@@ -1146,6 +1147,8 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
     cp.n_batch = (uint32_t) arg_number(p, "nBatch", cp.n_batch);
     cp.n_ubatch = (uint32_t) arg_number(p, "nUbatch", cp.n_ubatch);
     cp.n_seq_max = (uint32_t) arg_number(p, "nSeqMax", 1);
+    // llama.cpp's default is 1; a speculative draft of N guesses samples N + 1 outputs of one sequence.
+    cp.n_outputs_max_per_seq = (uint32_t) arg_number(p, "nOutputsMaxPerSeq", cp.n_outputs_max_per_seq);
     int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     cp.n_threads = (int32_t) arg_number(p, "nThreads", hw);
     cp.n_threads_batch = (int32_t) arg_number(p, "nThreadsBatch", cp.n_threads);
@@ -1424,6 +1427,8 @@ static Napi::Value sampler_create(const Napi::CallbackInfo & info) {
     auto * s = new hydra_sampler();
     s->chain = chain;
     s->id = next_id++;
+    s->stateless = temp <= 0.0f && mirostat == 0 && grammar.empty() && xtc_probability <= 0.0f && dry_multiplier == 0.0f &&
+                   penalty_repeat == 1.0f && penalty_freq == 0.0f && penalty_present == 0.0f;
     char sig[1024];
     snprintf(sig, sizeof(sig), "%a/%d/%a/%a/%a/%zu/%a/%a/%a/%d/%u/%a/%a/%a/%a/%a/%a/%d/%d/%a/%a/%d/%a/%a/%a/", temp, top_k, top_p,
              min_p, typ_p, min_keep, penalty_repeat, penalty_freq, penalty_present, penalty_last_n, seed, xtc_probability,
@@ -1581,8 +1586,10 @@ public:
             if (e.sampler == nullptr && !e.want_logits) {
                 continue;  // nothing is read back: whatever is attached may stay
             }
-            // One on-device sample per sequence and step: a draft's several outputs sample on the host.
-            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits && e.n_draft == 0;
+            // The device samples a draft's positions independently, right for a chain without state
+            // only; a stateful one samples them on the host in turn.
+            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits &&
+                                (e.n_draft == 0 || (e.sampler->stateless && e.n_draft + 1 <= c->outputs_per_seq));
             if (!want_backend) {
                 if (a.clone != nullptr) {
                     llama_set_sampler(c->ctx, e.seq, nullptr);
@@ -1677,9 +1684,15 @@ public:
                 if (e.n_draft > 0) {
                     // Batch index of the first sampled position; the others follow it.
                     int32_t first = i - e.n_draft;
+                    llama_sampler * on_device = c->attached[e.seq].clone;
                     e.run.clear();
                     for (int32_t d = 0; d <= e.n_draft; d++) {
-                        llama_token token = llama_sampler_sample(e.sampler->chain, c->ctx, first + d);
+                        llama_token token = on_device ? llama_get_sampled_token_ith(c->ctx, first + d) : LLAMA_TOKEN_NULL;
+                        if (token != LLAMA_TOKEN_NULL) {
+                            llama_sampler_accept(on_device, token);
+                        } else {
+                            token = llama_sampler_sample(on_device ? on_device : e.sampler->chain, c->ctx, first + d);
+                        }
                         e.run.push_back(token);
                         if (d == e.n_draft || token != e.tokens[e.tokens.size() - e.n_draft + d]) {
                             break;

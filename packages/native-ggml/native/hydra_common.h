@@ -107,6 +107,7 @@ struct hydra_sampler {
     llama_sampler * chain = nullptr;
     uint64_t id = 0;
     std::string signature;  // every parameter, seed included: equal signatures build equal chains
+    bool stateless = false;  // argmax that keeps no state: a draft's positions may all sample on the device at once
 };
 
 // A sampler chain attached to a context for on-device sampling (a clone the context owns).
@@ -124,6 +125,7 @@ struct hydra_context {
     hydra_model *     owner = nullptr;
     llama_batch       batch = {};
     int32_t           n_batch = 0;
+    int32_t           outputs_per_seq = 1;  // outputs one sequence may sample on the device in a step
     std::atomic<bool> busy{false};
     int32_t           pending = 0;          // decode steps queued or running
     Napi::ThreadSafeFunction done;          // hands finished steps back to the JS thread

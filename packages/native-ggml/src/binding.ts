@@ -64,6 +64,11 @@ export interface NativeContextParams {
   nBatch?: number;
   nUbatch?: number;
   nSeqMax?: number;
+  /**
+   * Outputs one sequence may sample on the device in a step (llama.cpp's default 1; 0: n_batch).
+   * A speculative draft of N guesses needs N + 1, else its positions sample on the host.
+   */
+  nOutputsMaxPerSeq?: number;
   nThreads?: number;
   nThreadsBatch?: number;
   flashAttn?: 'auto' | 'on' | 'off';

@@ -94,6 +94,43 @@ describe('decode entries with a draft', () => {
     await ctx.dispose();
   });
 
+  it.each([
+    [true, 8],
+    [true, 1],
+    [false, 1],
+  ])('on-device sampling %s, %i outputs per sequence: the same runs, greedy or with a penalty', async (onDevice, perSeq) => {
+    const ctx = await model.createContext({
+      nCtx: 256,
+      nBatch: 64,
+      backendSampling: onDevice as boolean,
+      nOutputsMaxPerSeq: perSeq as number,
+    });
+    // Greedy samples every guessed position on the device at once when it can; a chain with a
+    // repetition penalty (state: the tokens accepted) samples them on the host in turn.
+    for (const params of [{ temp: 0 }, { temp: 0, penaltyRepeat: 1.3, penaltyLastN: 64 }]) {
+      const sampler = model.createSampler(params);
+      ctx.clear();
+      let r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler }]);
+      const plain = [r.tokens[0]!];
+      for (let i = 1; i < 8; i++) {
+        r = await ctx.decode([{ seq: 0, pos: prompt.length + i - 1, tokens: [plain.at(-1)!], sampler }]);
+        plain.push(r.tokens[0]!);
+      }
+      sampler.dispose();
+      const again = model.createSampler(params);
+      ctx.clear();
+      const first = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt, sampler: again }]);
+      expect(first.tokens[0]).toBe(plain[0]);
+      const wrong = (plain[5]! + 1) % model.info.nVocab;
+      const v = await ctx.decode([
+        { seq: 0, pos: prompt.length, tokens: [...plain.slice(0, 5), wrong], sampler: again, draft: 5 },
+      ]);
+      expect(Array.from(v.runs![0]!)).toEqual(plain.slice(1, 6));
+      again.dispose();
+    }
+    await ctx.dispose();
+  });
+
   it('refuses a draft without a sampler, with follow or logits, or longer than its tokens or n_batch', async () => {
     const ctx = await model.createContext({ nCtx: 256, nBatch: 8 });
     const sampler = model.createSampler({ temp: 0 });

@@ -2,6 +2,7 @@ import type { ContextParams, ModelLoadParams, SamplerParams, SamplerStage } from
 import { expertBlockRegex, LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
+import { speculativeFrom } from './speculative.js';
 
 function withoutDefaults<T extends object>(obj: T): Partial<T> {
   const out: Partial<T> = {};
@@ -48,6 +49,7 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
 export function contextParamsFrom(cfg: Params): ContextParams {
   const positive = (v: unknown) => (typeof v === 'number' && v > 0 ? v : undefined);
   const rope = cfg.rope_scaling_type as string;
+  const spec = speculativeFrom(cfg);
   return withoutDefaults({
     nCtx: cfg.n_ctx as number,
     nBatch: cfg.n_batch as number,
@@ -71,6 +73,9 @@ export function contextParamsFrom(cfg: Params): ContextParams {
     opOffload: !(cfg.no_op_offload as boolean),
     swaFull: cfg.swa_full as boolean,
     kvUnified: cfg.kv_unified as boolean,
+    // A speculative guess of up to ngram_size_m tokens samples that many + 1 outputs of one
+    // sequence; llama.cpp's on-device sampling takes 1 unless told (it clamps to n_batch).
+    nOutputsMaxPerSeq: spec ? spec.sizeM + 1 : undefined,
   }) as ContextParams;
 }
 
