@@ -121,6 +121,17 @@ export const ERRORS = defineErrors({
     meaning:
       'hyperparameters the pinned llama.cpp asserts on (block_count 0 or above 512, expert counts, rope scaling type: keys names the metadata key), which would abort the process',
   },
+  // native-ggml's load refusals of what a CONFIGURE named, answered as they come.
+  HYDRA_ERR_BAD_OVERRIDE: {
+    status: 400,
+    meaning:
+      'an override_tensors item is not <regex>=<buffer type>, its regex does not compile, or the buffer type is unknown',
+  },
+  HYDRA_ERR_NO_DEVICE: { status: 400, meaning: 'a devices entry names no device of this host or its peers' },
+  HYDRA_ERR_LOAD_CANCELLED: {
+    status: 503,
+    meaning: 'a model load was cancelled before it finished (a newer load or shutdown)',
+  },
   HYDRA_ERR_NOT_SUPPORTED: {
     status: 501,
     meaning:
