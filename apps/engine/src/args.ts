@@ -95,6 +95,12 @@ export interface ServeSettings {
   cachePrompt: boolean;
   /** `--chat-template` / `--chat-template-file`: the template instead of the model's. */
   chatTemplate: string | undefined;
+  /** `--jinja` (default) / `--no-jinja`: llama.cpp's common chat layer, or its legacy renderer. */
+  jinja: boolean;
+  /** `--reasoning-format`: none, auto (default), deepseek, deepseek-legacy. */
+  reasoningFormat: string;
+  /** `--chat-template-kwargs`: a JSON object of template variables (text as given). */
+  chatTemplateKwargs: string | undefined;
 }
 
 export interface ServeArgs {
@@ -836,6 +842,12 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   cache_prompt: 'cachePrompt',
   '@chatTemplate': 'chatTemplate',
   chat_template: 'chatTemplate',
+  '@jinja': 'jinja',
+  jinja: 'jinja',
+  '@reasoningFormat': 'reasoningFormat',
+  reasoning_format: 'reasoningFormat',
+  '@chatTemplateKwargs': 'chatTemplateKwargs',
+  chat_template_kwargs: 'chatTemplateKwargs',
   '@rpcLimits': 'rpcLimits',
   '@fitTargetMib': 'fitTargetMib',
   fit_target: 'fitTargetMib',
@@ -901,12 +913,18 @@ const STRING_SETTINGS = new Set<keyof ServeSettings>([
   'corsMethods',
   'corsHeaders',
 ]);
-const BOOL_SETTINGS = new Set<keyof ServeSettings>(['slotsEndpoint', 'corsCredentials', 'cachePrompt']);
+const BOOL_SETTINGS = new Set<keyof ServeSettings>([
+  'slotsEndpoint',
+  'corsCredentials',
+  'cachePrompt',
+  'jinja',
+]);
 
 /** Settings that take one of a few words. */
 const OPERATION_CHOICES: Partial<Record<keyof ServeSettings, readonly string[]>> = {
   logFormat: ['auto', 'json', 'text'],
   logLevel: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'],
+  reasoningFormat: ['none', 'auto', 'deepseek', 'deepseek-legacy'],
 };
 
 /** Settings for which 0 is valid (a queue of none, or "derive the default"). */
@@ -994,6 +1012,9 @@ export function parseServeArgs(
     corsCredentials: true,
     cachePrompt: true,
     chatTemplate: undefined,
+    jinja: true,
+    reasoningFormat: 'auto',
+    chatTemplateKwargs: undefined,
     rpcLimits: {},
     fitTargetMib: 0,
     fitPrefer: undefined,
@@ -1058,6 +1079,21 @@ export function parseServeArgs(
       )
         throw new HydraError(code, `${where}: ${shown} must be non-empty names`, { keys: [key] });
       settings.aliases = list as string[];
+      return;
+    }
+    if (name === 'chatTemplateKwargs') {
+      // A YAML map is taken as is; a flag or variable gives JSON text.
+      let kwargs: unknown = value;
+      if (typeof value === 'string') {
+        try {
+          kwargs = JSON.parse(value);
+        } catch {
+          kwargs = undefined;
+        }
+      }
+      if (typeof kwargs !== 'object' || kwargs === null || Array.isArray(kwargs))
+        throw new HydraError(code, `${where}: ${shown} must be a JSON object`, { keys: [key] });
+      settings.chatTemplateKwargs = JSON.stringify(kwargs);
       return;
     }
     if (STRING_SETTINGS.has(name)) {

@@ -5,8 +5,12 @@ import { type ErrorCode, HydraError } from './errors.js';
 export interface PreparedBody {
   /** The JSON object, without `messages` (chat) and without a token-array `prompt`. */
   body: Record<string, unknown>;
-  /** Chat messages, packed as native-ggml's `packChatMessages` does, with their count and text bytes. */
-  chat?: { packed: Uint8Array; count: number; bytes: number };
+  /**
+   * Chat messages, packed as native-ggml's `packChatMessages` does, with their count and text
+   * bytes; with Jinja templates also as sent (`messages`: tool_calls, tool_call_id and
+   * reasoning_content are theirs to render).
+   */
+  chat?: { packed: Uint8Array; count: number; bytes: number; messages?: unknown[] };
   /** A `prompt` of token ids, and the largest id (checked against the vocabulary). */
   tokens?: { ids: Int32Array; max: number };
 }
@@ -19,7 +23,7 @@ type Outcome =
  * Parses and checks a completion body. Self-contained (no outer names, no imports): the same
  * source also runs as the body of the parser worker thread.
  */
-function prepare(data: Uint8Array, chat: boolean, maxMessages: number): Outcome {
+function prepare(data: Uint8Array, chat: boolean, maxMessages: number, jinja = false): Outcome {
   const fail = (code: ErrorCode, message: string, key?: string): Outcome => ({
     ok: false,
     code,
@@ -59,8 +63,9 @@ function prepare(data: Uint8Array, chat: boolean, maxMessages: number): Outcome 
       if (typeof role !== 'string' || role.length === 0)
         return bad(`messages[${i}].role must be a string`, 'messages');
       // The legacy template renderer takes a role and a text: these would be dropped unseen.
-      const lost =
-        Array.isArray(tool_calls) && tool_calls.length > 0
+      const lost = jinja
+        ? undefined
+        : Array.isArray(tool_calls) && tool_calls.length > 0
           ? 'tool_calls'
           : tool_call_id !== undefined && tool_call_id !== null
             ? 'tool_call_id'
@@ -99,7 +104,7 @@ function prepare(data: Uint8Array, chat: boolean, maxMessages: number): Outcome 
       at += 4 + p.length;
     }
     delete b.messages;
-    out.chat = { packed, count: messages.length, bytes };
+    out.chat = { packed, count: messages.length, bytes, ...(jinja ? { messages } : {}) };
   } else if (Array.isArray(b.prompt) && b.prompt.length > 0) {
     // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
     const ids = new Int32Array(b.prompt.length);
@@ -123,10 +128,10 @@ export const WORKER_MIN_BYTES = 128 * 1024;
 const WORKER_SOURCE = `
 const prepare = ${prepare.toString()};
 const { parentPort } = require('node:worker_threads');
-parentPort.on('message', ({ id, data, chat, maxMessages }) => {
+parentPort.on('message', ({ id, data, chat, maxMessages, jinja }) => {
   let out;
   try {
-    out = prepare(data, chat, maxMessages);
+    out = prepare(data, chat, maxMessages, jinja);
   } catch (err) {
     out = { ok: false, code: 'HYDRA_ERR_INTERNAL', message: String(err && err.message || err) };
   }
@@ -153,9 +158,12 @@ export class BodyParser {
   #next = 0;
   readonly #pending = new Map<number, { resolve: (p: PreparedBody) => void; reject: (e: unknown) => void }>();
 
-  /** Throws (or rejects with) HYDRA_ERR_BAD_JSON, HYDRA_ERR_BAD_REQUEST, HYDRA_ERR_TOO_MANY_MESSAGES. */
-  async parse(data: Buffer, chat: boolean, maxMessages: number): Promise<PreparedBody> {
-    if (data.length < WORKER_MIN_BYTES) return settle(prepare(data, chat, maxMessages));
+  /**
+   * Throws (or rejects with) HYDRA_ERR_BAD_JSON, HYDRA_ERR_BAD_REQUEST, HYDRA_ERR_TOO_MANY_MESSAGES.
+   * `jinja`: chat messages are also kept as sent, and their tool fields are not refused.
+   */
+  async parse(data: Buffer, chat: boolean, maxMessages: number, jinja = false): Promise<PreparedBody> {
+    if (data.length < WORKER_MIN_BYTES) return settle(prepare(data, chat, maxMessages, jinja));
     const worker = this.#spawn();
     const id = this.#next++;
     // A large Buffer.concat result owns its ArrayBuffer: hand it over; a pooled slice is copied.
@@ -164,7 +172,7 @@ export class BodyParser {
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
       if (this.#pending.size === 1) worker.ref();
-      worker.postMessage({ id, data: bytes, chat, maxMessages }, [bytes.buffer as ArrayBuffer]);
+      worker.postMessage({ id, data: bytes, chat, maxMessages, jinja }, [bytes.buffer as ArrayBuffer]);
     });
   }
 

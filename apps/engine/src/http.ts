@@ -2,8 +2,9 @@ import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { Allowlist } from '@hydra-engine/hydra-rpc';
-import { jsonSchemaToGrammar } from '@hydra-engine/native-ggml';
+import { type ChatCommonParams, jsonSchemaToGrammar } from '@hydra-engine/native-ggml';
 import { BodyParser, type PreparedBody } from './body.js';
+import { ChatStreamDiff, chatReply, chatSampler, renderJinjaChat, withoutChatFields } from './chat.js';
 import type { Engine, GenerationParams, GenerationResult } from './engine.js';
 import { HydraError, httpStatus } from './errors.js';
 import type { RequestRecord } from './metrics.js';
@@ -52,8 +53,17 @@ export interface HttpOptions {
   build?: string;
   /** A request's `cache_prompt` when it sends none (llama-server's `--cache-prompt`, default true). */
   cachePrompt?: boolean;
-  /** `--chat-template(-file)`: rendered instead of the model's template (llama.cpp's legacy renderer). */
+  /** `--chat-template(-file)`: rendered instead of the model's template. */
   chatTemplate?: string;
+  /**
+   * Jinja chat templates through llama.cpp's common chat layer (llama-server's `--jinja`, default
+   * true): tools, tool calls, reasoning. false (`--no-jinja`): llama.cpp's legacy renderer.
+   */
+  jinja?: boolean;
+  /** `--reasoning-format`: none, auto (default), deepseek, deepseek-legacy. */
+  reasoningFormat?: string;
+  /** `--chat-template-kwargs`: template variables for every chat (a request's own win). */
+  chatTemplateKwargs?: Record<string, unknown>;
   /** The `/control/*` routes (src/control); answers true when it handled the request. */
   control?: (req: IncomingMessage, res: ServerResponse, path: string) => Promise<boolean>;
 }
@@ -323,6 +333,9 @@ export class HttpApi {
       messageLimit: () => this.#messageLimit(),
       build: options.build ?? 'hydra-engine',
       ...(options.chatTemplate !== undefined ? { chatTemplate: options.chatTemplate } : {}),
+      jinja: options.jinja ?? true,
+      ...(options.reasoningFormat !== undefined ? { reasoningFormat: options.reasoningFormat } : {}),
+      ...(options.chatTemplateKwargs !== undefined ? { chatTemplateKwargs: options.chatTemplateKwargs } : {}),
     });
     this.#server = createServer(
       // Node closes connections past their header or request deadline only when it checks: every
@@ -583,7 +596,12 @@ export class HttpApi {
     });
     if (data === undefined) return;
     const chat = path.endsWith('/chat/completions');
-    const prepared = await this.#bodies.parse(data, chat, this.#messageLimit());
+    const prepared = await this.#bodies.parse(
+      data,
+      chat,
+      this.#messageLimit(),
+      chat && this.#opts.jinja !== false,
+    );
     // llama-server: /completion and /completions answer in its own shape, /v1/completions in OpenAI's.
     await this.#complete(req, res, prepared, chat, path === '/completion' || path === '/completions');
   }
@@ -708,8 +726,33 @@ export class HttpApi {
       throw badRequest('slot_id must be an integer', 'slot_id');
     if (body.cache_prompt !== undefined && typeof body.cache_prompt !== 'boolean')
       throw badRequest('cache_prompt must be a boolean', 'cache_prompt');
-    const params = generationParams(engine, body);
-    const chatOptions = prepared.chat ? chatTemplateOptions(body) : undefined;
+    // Jinja templates: llama.cpp's common chat layer renders the chat and gives the tool-call grammar.
+    let rendered: ChatCommonParams | undefined;
+    if (prepared.chat?.messages) {
+      engine.assertReady();
+      rendered = await renderJinjaChat(engine.model!, body, prepared.chat.messages, {
+        ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
+        ...(this.#opts.reasoningFormat !== undefined ? { reasoningFormat: this.#opts.reasoningFormat } : {}),
+        ...(this.#opts.chatTemplateKwargs !== undefined
+          ? { chatTemplateKwargs: this.#opts.chatTemplateKwargs }
+          : {}),
+      });
+    }
+    let params = generationParams(engine, rendered ? withoutChatFields(body) : body);
+    if (rendered) {
+      params = {
+        ...params,
+        sampler: chatSampler(params.sampler, rendered, body),
+        stop: [...params.stop, ...rendered.additionalStops],
+      };
+      if (engine.model && rendered.grammar !== '')
+        checkSampler(engine.model, params.sampler, {
+          grammar: 'tools',
+          logit_bias: 'logit_bias',
+          samplers: 'samplers',
+        });
+    }
+    const chatOptions = prepared.chat && !rendered ? chatTemplateOptions(body) : undefined;
     let prompt: Int32Array;
     if (prepared.tokens) {
       const nVocab = engine.model?.info.nVocab ?? 0;
@@ -723,14 +766,16 @@ export class HttpApi {
       let tokens: Int32Array | undefined;
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
-        const t = prepared.chat
-          ? await (this.#opts.chatTemplate === undefined && chatOptions!.addAssistant
-              ? engine.chatTokensAsync(prepared.chat.packed)
-              : engine.model!.tokenizeChatAsync(prepared.chat.packed, {
-                  addAssistant: chatOptions!.addAssistant,
-                  ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
-                }))
-          : await engine.tokenizeAsync(promptText);
+        const t = rendered
+          ? await engine.tokenizeAsync(rendered.prompt)
+          : prepared.chat
+            ? await (this.#opts.chatTemplate === undefined && chatOptions!.addAssistant
+                ? engine.chatTokensAsync(prepared.chat.packed)
+                : engine.model!.tokenizeChatAsync(prepared.chat.packed, {
+                    addAssistant: chatOptions!.addAssistant,
+                    ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
+                  }))
+            : await engine.tokenizeAsync(promptText);
         if (engine.model === model) tokens = t;
       }
       if (tokens === undefined)
@@ -766,6 +811,7 @@ export class HttpApi {
             choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }],
           };
     const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+    let diff: ChatStreamDiff | undefined;
     // Generated token ids since the last streamed text (llama-server's native chunks carry them).
     let pendingTokens: number[] = [];
     let predicted = 0;
@@ -792,7 +838,7 @@ export class HttpApi {
       };
     } else if (stream) {
       let first = true;
-      onText = (text) => {
+      const send = (delta: Record<string, unknown>) => {
         if (!res.headersSent) {
           res.writeHead(200, {
             'content-type': 'text/event-stream',
@@ -801,9 +847,14 @@ export class HttpApi {
             ...epochHeaders,
           });
         }
-        write(chunk(first && chat ? { role: 'assistant', content: text } : { content: text }, null));
+        write(chunk(first && chat ? { role: 'assistant', ...delta } : delta, null));
         first = false;
       };
+      if (rendered) {
+        diff = new ChatStreamDiff(rendered, send);
+        const d = diff;
+        onText = (text) => d.push(text);
+      } else onText = (text) => send({ content: text });
     }
     const rec = this.#records.get(res);
     // Absolute times until the record is closed (#track makes ttftMs relative to the request).
@@ -903,6 +954,7 @@ export class HttpApi {
       return;
     }
     if (stream) {
+      if (diff) await diff.end();
       if (!res.headersSent) {
         res.writeHead(200, {
           'content-type': 'text/event-stream',
@@ -911,7 +963,8 @@ export class HttpApi {
           ...headers,
         });
       }
-      write(chunk(chat ? {} : { content: '' }, result.finishReason));
+      const finish = diff?.calledTools && result.finishReason === 'stop' ? 'tool_calls' : result.finishReason;
+      write(chunk(chat ? {} : { content: '' }, finish));
       if (includeUsage)
         write({
           id,
@@ -924,11 +977,12 @@ export class HttpApi {
       res.end('data: [DONE]\n\n');
       return;
     }
+    const reply = rendered ? await chatReply(result.text, rendered, result.finishReason) : undefined;
     const choice = chat
       ? {
           index: 0,
-          message: { role: 'assistant', content: result.text },
-          finish_reason: result.finishReason,
+          message: reply?.message ?? { role: 'assistant', content: result.text },
+          finish_reason: reply?.finishReason ?? result.finishReason,
           logprobs: null,
         }
       : {

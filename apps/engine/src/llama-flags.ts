@@ -185,11 +185,30 @@ export const LLAMA_FLAGS: FlagSpec[] = [
   },
   { names: ['--no-ui', '--no-webui'], key: '@same', kind: 'flag', bare: true, help: 'there is no web UI' },
   {
-    names: ['--no-jinja'],
-    key: '@same',
+    names: ['--jinja'],
+    key: '@jinja',
     kind: 'flag',
     bare: true,
-    help: "chat templates go through llama.cpp's legacy renderer (llama_chat_apply_template)",
+    help: "chat templates go through llama.cpp's common chat layer: Jinja, tools, reasoning (default)",
+  },
+  {
+    names: ['--no-jinja'],
+    key: '@jinja',
+    kind: 'flag',
+    bare: false,
+    help: "chat templates go through llama.cpp's legacy renderer (llama_chat_apply_template; no tools)",
+  },
+  {
+    names: ['--reasoning-format'],
+    key: '@reasoningFormat',
+    kind: 'string',
+    help: 'reasoning_content extraction: none, auto (default), deepseek, deepseek-legacy',
+  },
+  {
+    names: ['--chat-template-kwargs'],
+    key: '@chatTemplateKwargs',
+    kind: 'string',
+    help: 'a JSON object of template variables for every chat, e.g. \'{"enable_thinking":false}\'',
   },
   {
     names: ['--spec-type'],
@@ -213,24 +232,6 @@ export const LLAMA_FLAGS: FlagSpec[] = [
 
 /** llama-server flags of features this engine does not have yet: refused by name, with why. */
 export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boolean; why: string }[] = [
-  {
-    names: ['--jinja'],
-    env: 'LLAMA_ARG_JINJA',
-    takesValue: false,
-    why: 'Jinja chat templates (common/chat.h) are not wired yet; --no-jinja is what runs',
-  },
-  {
-    names: ['--chat-template-kwargs'],
-    env: 'LLAMA_ARG_CHAT_TEMPLATE_KWARGS',
-    takesValue: true,
-    why: 'needs Jinja templates',
-  },
-  {
-    names: ['--reasoning-format'],
-    env: 'LLAMA_ARG_THINK',
-    takesValue: true,
-    why: 'reasoning extraction is not implemented',
-  },
   {
     names: ['-rea', '--reasoning'],
     env: 'LLAMA_ARG_REASONING',
@@ -472,6 +473,9 @@ export const ENV_BY_KEY: Readonly<Record<string, string>> = {
   '@slotsEndpoint': 'LLAMA_ARG_ENDPOINT_SLOTS',
   '@cachePrompt': 'LLAMA_ARG_CACHE_PROMPT',
   '@chatTemplate': 'LLAMA_ARG_CHAT_TEMPLATE',
+  '@jinja': 'LLAMA_ARG_JINJA',
+  '@reasoningFormat': 'LLAMA_ARG_THINK',
+  '@chatTemplateKwargs': 'LLAMA_ARG_CHAT_TEMPLATE_KWARGS',
 };
 
 /** Where `--help` lists a flag, in llama-server's groups (then this engine's own). */
@@ -498,6 +502,9 @@ const SERVER_KEYS = new Set([
   '@corsCredentials',
   '@cachePrompt',
   '@chatTemplate',
+  '@jinja',
+  '@reasoningFormat',
+  '@chatTemplateKwargs',
   '@same',
   '@help',
   '@version',

@@ -176,6 +176,11 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     build: `hydra-engine ${ENGINE_VERSION}`,
     cachePrompt: args.settings.cachePrompt,
     ...(args.settings.chatTemplate !== undefined ? { chatTemplate: args.settings.chatTemplate } : {}),
+    jinja: args.settings.jinja,
+    reasoningFormat: args.settings.reasoningFormat,
+    ...(args.settings.chatTemplateKwargs !== undefined
+      ? { chatTemplateKwargs: JSON.parse(args.settings.chatTemplateKwargs) as Record<string, unknown> }
+      : {}),
   });
   const host = t4.host as string;
   const address = await http.listen(t4.port as number, host);

@@ -188,6 +188,17 @@ std::string chat_apply(const llama_model * model, const std::string & override_t
     inputs.use_jinja = use_jinja;
     inputs.parallel_tool_calls = value_or<bool>(body, "parallel_tool_calls", caps["supports_parallel_tool_calls"]);
     inputs.add_generation_prompt = value_or<bool>(body, "add_generation_prompt", true);
+    // llama-server's prefill_assistant (default on): a last assistant message is continued.
+    if (!inputs.messages.empty() && inputs.messages.back().role == "assistant") {
+        if (inputs.messages.size() >= 2 && inputs.messages[inputs.messages.size() - 2].role == "assistant") {
+            throw std::invalid_argument("Cannot have 2 or more assistant messages at the end of the list.");
+        }
+        if (!inputs.messages.back().tool_calls.empty()) {
+            throw std::invalid_argument("Cannot continue an assistant message that contains tool calls.");
+        }
+        inputs.continue_final_message = COMMON_CHAT_CONTINUATION_AUTO;
+        inputs.add_generation_prompt = false;
+    }
     inputs.reasoning_format = common_reasoning_format_from_name(value_or<std::string>(opts, "reasoning_format", "auto"));
     if (body.contains("reasoning_format") && !body.at("reasoning_format").is_null()) {
         inputs.reasoning_format = common_reasoning_format_from_name(body.at("reasoning_format").get<std::string>());

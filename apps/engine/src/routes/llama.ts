@@ -5,6 +5,7 @@ import { mkdir, open, readFile, rename, rm } from 'node:fs/promises';
 import type { IncomingMessage } from 'node:http';
 import { join } from 'node:path';
 import type { BodyParser } from '../body.js';
+import { renderJinjaChat } from '../chat.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
 import { HydraError } from '../errors.js';
 import { REFUSED_FIELDS } from '../request-params.js';
@@ -25,6 +26,10 @@ export interface LlamaRouteOptions {
   build: string;
   /** `--chat-template(-file)`: rendered instead of the model's template. */
   chatTemplate?: string;
+  /** `--jinja` (default true), `--reasoning-format`, `--chat-template-kwargs` (see HttpOptions). */
+  jinja?: boolean;
+  reasoningFormat?: string;
+  chatTemplateKwargs?: Record<string, unknown>;
 }
 
 type Send = (status: number, body: unknown) => void;
@@ -186,7 +191,12 @@ export class LlamaRoutes {
 
   async #json(req: IncomingMessage, chat = false) {
     const data = await this.#o.readBody(req);
-    return this.#o.bodies.parse(data.length === 0 ? Buffer.from('{}') : data, chat, this.#o.messageLimit());
+    return this.#o.bodies.parse(
+      data.length === 0 ? Buffer.from('{}') : data,
+      chat,
+      this.#o.messageLimit(),
+      chat && this.#o.jinja !== false,
+    );
   }
 
   /**
@@ -300,6 +310,16 @@ export class LlamaRoutes {
           keys: ['messages'],
         },
       );
+    if (prepared.chat?.messages) {
+      engine.assertReady();
+      const o = this.#o;
+      const rendered = await renderJinjaChat(engine.model!, prepared.body, prepared.chat.messages, {
+        ...(o.chatTemplate !== undefined ? { template: o.chatTemplate } : {}),
+        ...(o.reasoningFormat !== undefined ? { reasoningFormat: o.reasoningFormat } : {}),
+        ...(o.chatTemplateKwargs !== undefined ? { chatTemplateKwargs: o.chatTemplateKwargs } : {}),
+      });
+      return { prompt: rendered.prompt };
+    }
     const { addAssistant } = chatTemplateOptions(prepared.body);
     engine.assertReady();
     const template = this.#o.chatTemplate;

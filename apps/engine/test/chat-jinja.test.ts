@@ -1,0 +1,235 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '@hydra-engine/native-ggml';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { engineWith } from './helpers.js';
+
+// Chat through llama.cpp's common chat layer (--jinja, the default) on the tiny model with
+// chat: 'tools' (a Qwen 2.5-style Jinja template with tools, <tool_call> tokens), with the
+// official openai client and plain HTTP.
+let modelPath: string;
+let model: Model;
+let eng: Awaited<ReturnType<typeof engineWith>>;
+let client: OpenAI;
+
+const pick = {
+  type: 'function' as const,
+  function: {
+    name: 'pick_city',
+    description: 'Pick a city to visit',
+    parameters: {
+      type: 'object',
+      properties: {
+        city: { type: 'string', enum: ['Paris', 'Rome'] },
+        days: { type: 'integer', minimum: 1, maximum: 9 },
+      },
+      required: ['city', 'days'],
+    },
+  },
+};
+const weather = {
+  type: 'function' as const,
+  function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
+};
+
+// The chat layer's grammar (as upstream's) lets text come before a call, up to "<tool_call>\n":
+// random weights would write text for long, so those two tokens are favoured, and the end of the
+// turn once the grammar allows it. What the call holds is the grammar's doing alone.
+let bias: Record<string, number>;
+
+beforeAll(async () => {
+  modelPath = join(mkdtempSync(join(tmpdir(), 'hydra-jinja-')), 'tiny-tools.gguf');
+  await writeSyntheticModel({
+    arch: 'llama',
+    shape: 'tiny',
+    quant: 'f32',
+    seed: 5,
+    out: modelPath,
+    chat: 'tools',
+  });
+  model = await Model.load({ path: modelPath, nGpuLayers: 0 });
+  const [newline] = await model.tokenizeAsync('\n', { addSpecial: false });
+  bias = { [model.info.nVocab - 2]: 10, [newline!]: 10, [model.info.eos]: 20 };
+  eng = await engineWith(['-m', modelPath, '-np', '2', '-c', '4096']);
+  client = new OpenAI({ baseURL: `${eng.url}/v1`, apiKey: 'none', maxRetries: 0 });
+}, 60_000);
+afterAll(async () => {
+  await eng?.close();
+  model?.dispose();
+});
+
+async function post(path: string, body: unknown) {
+  const res = await fetch(`${eng.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  return { status: res.status, json: (await res.json()) as any };
+}
+
+function checkPick(args: string): void {
+  const a = JSON.parse(args);
+  expect(['Paris', 'Rome']).toContain(a.city);
+  expect(Number.isInteger(a.days) && a.days >= 1 && a.days <= 9).toBe(true);
+}
+
+const conversation = [
+  { role: 'system', content: 'Plan trips.' },
+  { role: 'user', content: 'Weather in Paris?' },
+  {
+    role: 'assistant',
+    content: null,
+    tool_calls: [
+      { id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
+    ],
+  },
+  { role: 'tool', tool_call_id: 'c1', content: 'sunny' },
+  { role: 'user', content: 'Then pick a city.' },
+];
+
+describe('chat through the common chat layer', () => {
+  it('/apply-template renders what llama.cpp common chat layer gives for the same body (tools, tool calls, results)', async () => {
+    const body = { messages: conversation, tools: [weather, pick] };
+    const r = await post('/apply-template', body);
+    expect(r.status).toBe(200);
+    expect(r.json.prompt).toBe((await model.applyChatCommonAsync(body)).prompt);
+    expect(r.json.prompt).toContain('<tool_response>\nsunny\n</tool_response>');
+    expect(r.json.prompt).toContain('"name": "pick_city"');
+    // A chat without tools renders as the chatml template always did.
+    const plain = [{ role: 'user', content: 'hi' }];
+    expect((await post('/apply-template', { messages: plain })).json.prompt).toBe(
+      model.applyChatTemplate(plain),
+    );
+  });
+
+  it('openai client: a named tool_choice returns a parsed call whose arguments match the schema', async () => {
+    for (const seed of [1, 2]) {
+      const r = await client.chat.completions.create({
+        model: 'tiny',
+        messages: conversation as any,
+        tools: [weather, pick],
+        tool_choice: { type: 'function', function: { name: 'pick_city' } },
+        parallel_tool_calls: false,
+        logit_bias: bias,
+        seed,
+        max_tokens: 600,
+      });
+      const choice = r.choices[0]!;
+      if (choice.finish_reason !== "tool_calls") console.log(JSON.stringify(choice.message));
+      expect(choice.finish_reason).toBe("tool_calls");
+      expect(choice.message.tool_calls).toHaveLength(1);
+      const call = choice.message.tool_calls![0]! as {
+        id: string;
+        function: { name: string; arguments: string };
+      };
+      expect(call.function.name).toBe('pick_city');
+      expect(call.id).toMatch(/^[A-Za-z0-9]{32}$/);
+      checkPick(call.function.arguments);
+    }
+  });
+
+  it('openai client: tool_calls stream as deltas (id and name first, then argument text) that add up to the call', async () => {
+    const stream = await client.chat.completions.create({
+      model: 'tiny',
+      messages: conversation as any,
+      tools: [weather, pick],
+      tool_choice: 'required',
+      logit_bias: bias,
+      seed: 3,
+      max_tokens: 600,
+      stream: true,
+    });
+    const calls: { id?: string; name: string; args: string }[] = [];
+    let finish: string | null = null;
+    let deltas = 0;
+    for await (const chunk of stream) {
+      const c = chunk.choices[0];
+      if (!c) continue;
+      for (const d of c.delta.tool_calls ?? []) {
+        deltas++;
+        if (d.id)
+          calls[d.index] = { id: d.id, name: d.function?.name ?? '', args: d.function?.arguments ?? '' };
+        else calls[d.index]!.args += d.function?.arguments ?? '';
+      }
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    expect(finish).toBe('tool_calls');
+    expect(calls.length).toBeGreaterThanOrEqual(1);
+    expect(deltas).toBeGreaterThan(calls.length);
+    for (const call of calls) {
+      expect(['pick_city', 'get_weather']).toContain(call.name);
+      expect(() => JSON.parse(call.args)).not.toThrow();
+      if (call.name === 'pick_city') checkPick(call.args);
+    }
+  });
+
+  it('tool_choice auto (lazy grammar) and none answer; a trailing assistant message is continued', async () => {
+    for (const tool_choice of ['auto', 'none'] as const) {
+      const r = await client.chat.completions.create({
+        model: 'tiny',
+        messages: conversation as any,
+        tools: [weather, pick],
+        tool_choice,
+        max_tokens: 8,
+      });
+      expect(r.choices[0]!.message.role).toBe('assistant');
+    }
+    const prefix = [...conversation, { role: 'assistant', content: 'I pick' }];
+    const t = await post('/apply-template', { messages: prefix });
+    expect(t.json.prompt.endsWith('I pick')).toBe(true);
+  });
+
+  it('bad values of each new field are a 400 naming it', async () => {
+    const messages = [{ role: 'user', content: 'hi' }];
+    for (const [field, value, code] of [
+      ['tools', 'x', 'HYDRA_ERR_BAD_VALUE'],
+      ['tools', [{ type: 'function', function: {} }], 'HYDRA_ERR_BAD_VALUE'],
+      ['tool_choice', 'sometimes', 'HYDRA_ERR_BAD_VALUE'],
+      ['tool_choice', { type: 'function', function: { name: 'nope' } }, 'HYDRA_ERR_BAD_VALUE'],
+      ['parallel_tool_calls', 1, 'HYDRA_ERR_BAD_VALUE'],
+      ['chat_template_kwargs', [1], 'HYDRA_ERR_BAD_VALUE'],
+      ['reasoning_format', 'loud', 'HYDRA_ERR_BAD_VALUE'],
+      ['reasoning_effort', 3, 'HYDRA_ERR_BAD_VALUE'],
+      ['continue_final_message', true, 'HYDRA_ERR_UNSUPPORTED_FIELD'],
+    ] as const) {
+      for (const path of ['/apply-template', '/v1/chat/completions']) {
+        const r = await post(path, { messages, tools: [pick], [field]: value, max_tokens: 1 });
+        expect(r.status, `${path} ${field}`).toBe(400);
+        expect(r.json.error.code, `${path} ${field}`).toBe(code);
+        expect(r.json.error.keys, `${path} ${field}`).toEqual([field]);
+      }
+    }
+    const g = await post('/v1/chat/completions', {
+      messages,
+      tools: [pick],
+      tool_choice: 'required',
+      grammar: 'root ::= "a"',
+    });
+    expect(g.status).toBe(400);
+    expect(g.json.error.keys).toEqual(['grammar']);
+    // Messages the template cannot take: the layer's refusal, a 400 on messages.
+    const two = await post('/v1/chat/completions', {
+      messages: [...messages, { role: 'assistant', content: 'a' }, { role: 'assistant', content: 'b' }],
+    });
+    expect(two.status).toBe(400);
+    expect(two.json.error.keys).toEqual(['messages']);
+  });
+
+  it('--no-jinja: the legacy renderer, which refuses tools by name', async () => {
+    const legacy = await engineWith(['-m', modelPath, '-np', '1', '-c', '1024', '--no-jinja']);
+    try {
+      const res = await fetch(`${legacy.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: conversation, tools: [pick], max_tokens: 1 }),
+      });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as any).error.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+    } finally {
+      await legacy.close();
+    }
+  });
+});
