@@ -6,10 +6,10 @@
 // not fit are recorded as skipped, and the results file is rewritten after each part.
 import { execFileSync, spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync, readSync, statSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
+import { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
 import { planSyntheticModel, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { newResult, repoRoot, resultFileName, resultsDir, writeResult } from '../dist/results.js';
 import { makeFigure } from '../dist/schema.js';
@@ -162,17 +162,6 @@ function add(figure) {
 // ---------------------------------------------------------------- helpers
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-function freePort() {
-  return new Promise((ok, ko) => {
-    const s = createServer();
-    s.once('error', ko);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => ok(port));
-    });
-  });
-}
 
 const children = new Set();
 function startProcess(cmd, args, env = {}) {
