@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
+  mayGuessAfter,
   ngramDraft,
   SPEC_JUDGE_AFTER,
   SPEC_PAUSE_TOKENS,
@@ -22,6 +23,32 @@ describe('ngram_simple drafting (llama.cpp common_ngram_simple_draft)', () => {
     // A run of one token: the nearest match is one back, one token follows it (< n).
     expect(ngramDraft([7, 7, 7, 7, 7, 7, 7, 7, 7, 7], s, 16)).toEqual([]);
     expect(ngramDraft([0, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6], s, 0)).toEqual([]);
+  });
+});
+
+describe('mayGuessAfter', () => {
+  it('is false only when no next token can lead to a guess (the pipelined step loses nothing)', () => {
+    // Deterministic xorshift over small alphabets, so n-grams repeat often.
+    let x = 12345;
+    const rnd = (k: number) => {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      return (x >>> 0) % k;
+    };
+    let falses = 0;
+    let trues = 0;
+    for (let round = 0; round < 3000; round++) {
+      const s = { sizeN: 1 + rnd(3), sizeM: 1 + rnd(4) };
+      const alphabet = 2 + rnd(6);
+      const h = Array.from({ length: rnd(24) }, () => rnd(alphabet));
+      const may = mayGuessAfter(h, s);
+      if (may) trues++;
+      else falses++;
+      if (!may) for (let t = 0; t < alphabet; t++) expect(ngramDraft([...h, t], s, 64)).toEqual([]);
+    }
+    expect(falses).toBeGreaterThan(100);
+    expect(trues).toBeGreaterThan(100);
   });
 });
 

@@ -188,6 +188,17 @@ describe('n-gram speculative decoding', () => {
     expect(await complete(spec, body)).toEqual(await complete(plain, body));
   });
 
+  it('keeps the pipelined loop where no guess can come (text that does not repeat)', async () => {
+    const ahead0 = await metric(spec, 'hydra_decode_steps_ahead_total');
+    const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
+    const body = { prompt: 'the long day', max_tokens: 24, ignore_eos: true };
+    expect(await complete(spec, body)).toEqual(await complete(plain, body));
+    const ahead = (await metric(spec, 'hydra_decode_steps_ahead_total')) - ahead0;
+    const drafted = (await metric(spec, 'hydra_spec_drafted_total')) - drafted0;
+    console.log(`no repeats: ${ahead} of 23 steps queued ahead, ${drafted} guessed`);
+    expect(ahead).toBeGreaterThan(10);
+  });
+
   it('does not guess for a sampled (temperature > 0) request', async () => {
     const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
     const body = { prompt: REPETITIVE, max_tokens: 48, ignore_eos: true, temperature: 0.7, seed: 5 };

@@ -5,7 +5,7 @@ import type { Context, DecodeEntry, Model, Sampler } from '@hydra-engine/native-
 import { HydraError } from '../errors.js';
 import { TextOutput } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
-import { ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
+import { mayGuessAfter, ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
 import type {
   EngineCounters,
   FinishReason,
@@ -677,7 +677,13 @@ export class Scheduler {
         return undefined;
       if (chunks !== undefined && job.fed + chunks[i]! < job.prompt.length) return undefined;
       // Its next step may carry a guess made from the token this step samples.
-      if (job.spec && !job.spec.tally.pausedAt(job.generated.length + 1)) return undefined;
+      const spec = job.spec;
+      if (
+        spec &&
+        !spec.tally.pausedAt(job.generated.length + 1) &&
+        mayGuessAfter(spec.history, spec.settings)
+      )
+        return undefined;
       // At its token limit once `step` ends (the limit is clipped to the slot's context): it
       // finishes there, and the others go on without a round trip through the JS thread.
       if (job.generated.length + 1 >= job.maxTokens) continue;

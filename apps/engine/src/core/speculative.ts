@@ -82,6 +82,27 @@ export function ngramDraft(history: ArrayLike<number>, s: SpeculativeSettings, l
   return out;
 }
 
+/**
+ * Whether {@link ngramDraft} could guess once one more token, whatever it is, joins `history`:
+ * the n-gram then ends with that token, so its first n - 1 tokens (the end of `history`) must
+ * occur earlier where the search looks. When it cannot, the next step may be queued ahead
+ * (pipelined) without losing a guess.
+ */
+export function mayGuessAfter(history: ArrayLike<number>, s: SpeculativeSettings): boolean {
+  const len = history.length;
+  const n = s.sizeN;
+  if (len <= n + s.sizeM + 1) return false;
+  const k = n - 1;
+  if (k === 0) return true;
+  const start = len - k;
+  for (let j = len - n - 1; j > 0; j--) {
+    let i = 0;
+    while (i < k && history[j + i] === history[start + i]) i++;
+    if (i === k) return true;
+  }
+  return false;
+}
+
 /** Guessing pauses when fewer than this share of the guesses so far were accepted. */
 export const SPEC_MIN_ACCEPTANCE = 0.2;
 /** Guesses made before the share is judged (then a new window starts). */
