@@ -72,6 +72,8 @@ describe("llama-server's flag names, values and defaults", () => {
     expect(s.aliases).toEqual(['x', 'y']);
     expect(s.cachePrompt).toBe(false);
     expect(s.chatTemplate).toBe('chatml');
+    expect(s.jinja).toBe(false);
+    expect(parseServeArgs([], NO_ENV).settings.jinja).toBe(true);
     for (const [flags, key] of [
       [['-l', '15*2'], '-l'],
       [['-ngl', 'most'], '-ngl'],
@@ -139,15 +141,15 @@ describe("llama-server's flag names, values and defaults", () => {
     expect(at('----- hydra-engine params -----')).toBeGreaterThan(at('----- example-specific params -----'));
     expect(text).toMatch(/-c, --ctx-size .*\(env: LLAMA_ARG_CTX_SIZE\)/);
     expect(text).toMatch(/--temp .*\n/);
-    expect(text).toContain('not supported yet (exit 2): --jinja');
+    expect(text).toMatch(/not supported yet \(exit 2\): .*--reasoning-budget/);
     // Every flag is listed exactly once.
     for (const f of FLAGS) expect(text.split(`  ${f.names.join(', ')} `).length - 1, f.names[0]).toBe(1);
   });
 
   it('the CLI exits 2 naming an unsupported flag', async () => {
-    const r = await runCli(['--jinja']);
+    const r = await runCli(['--reasoning-budget', '0']);
     expect(r.code).toBe(2);
-    expect(r.out).toContain('--jinja is not supported yet');
+    expect(r.out).toContain('--reasoning-budget is not supported yet');
     const e = await runCli(['--embedding', '-m', 'x.gguf']);
     expect(e.code).toBe(2);
     expect(e.out).toContain('--embedding is not supported yet');
