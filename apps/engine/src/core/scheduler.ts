@@ -678,6 +678,8 @@ export class Scheduler {
       if (chunks !== undefined && job.fed + chunks[i]! < job.prompt.length) return undefined;
       // Its next step may carry a guess made from the token this step samples.
       const spec = job.spec;
+      // A guess in `step` moves the slot's position by the tokens it confirms: unknown until it ends.
+      if (spec && spec.pending > 0) return undefined;
       if (
         spec &&
         !spec.tally.pausedAt(job.generated.length + 1) &&
