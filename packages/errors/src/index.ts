@@ -112,3 +112,19 @@ export function httpStatusOf(table: Readonly<Record<string, ErrorSpec>>, code: s
 export function tableCodes(markdown: string): Set<string> {
   return new Set([...markdown.matchAll(/^\|\s*`(HYDRA_ERR_[A-Z0-9_]+)`/gm)].map((m) => m[1]!));
 }
+
+/**
+ * Both directions of a package's error documentation: declared codes its README's error table
+ * lacks (`undocumented`), and table rows naming a code it does not declare (`undeclared`).
+ */
+export function errorTableMismatch(
+  declared: Iterable<string>,
+  markdown: string,
+): { undocumented: string[]; undeclared: string[] } {
+  const codes = new Set(declared);
+  const table = tableCodes(markdown);
+  return {
+    undocumented: [...codes].filter((c) => !table.has(c)),
+    undeclared: [...table].filter((c) => !codes.has(c)),
+  };
+}

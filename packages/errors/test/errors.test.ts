@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import {
   defineErrors,
   documentedCodes,
+  errorTableMismatch,
   HydraError,
   httpStatusOf,
   isHydraError,
@@ -66,6 +67,14 @@ describe('defineErrors', () => {
     expect(() => defineErrors({ HYDRA_ERR_X: { status: 200, meaning: 'x' } })).toThrow(TypeError);
     expect(() => defineErrors({ HYDRA_ERR_X: { status: 400.5, meaning: 'x' } })).toThrow(TypeError);
     expect(() => defineErrors({ HYDRA_ERR_X: { status: 400, meaning: ' ' } })).toThrow(TypeError);
+  });
+
+  it('reports both directions of a table against the declared codes', () => {
+    const md = '| `HYDRA_ERR_A` | 400 |\n| `HYDRA_ERR_Z` | 500 |\nprose: HYDRA_ERR_B';
+    expect(errorTableMismatch(['HYDRA_ERR_A', 'HYDRA_ERR_B'], md)).toEqual({
+      undocumented: ['HYDRA_ERR_B'],
+      undeclared: ['HYDRA_ERR_Z'],
+    });
   });
 
   it('reads the codes of a markdown table, not codes named in prose', () => {

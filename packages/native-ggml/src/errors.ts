@@ -1,4 +1,4 @@
-import { HydraError } from '@hydra-engine/errors';
+import { HydraError as BaseError, type HydraErrorOptions } from '@hydra-engine/errors';
 
 /** Every code this package throws; each must be documented in README.md (a test checks). */
 export const ERROR_CODES = [
@@ -18,4 +18,10 @@ export const ERROR_CODES = [
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
-export { HydraError };
+/** {@link BaseError} with `code` typed as this package's {@link ErrorCode}s: an undeclared one does not compile. */
+export const HydraError = BaseError as new (
+  code: ErrorCode,
+  message: string,
+  options?: HydraErrorOptions,
+) => BaseError<ErrorCode>;
+export type HydraError = BaseError<ErrorCode>;
