@@ -83,7 +83,7 @@ describe('normalizeResult', () => {
     expect(makeFigure({ name: 'h', unit: 'ms', samples: [5] })).not.toHaveProperty('sweep');
   });
 
-  it.each([
+  it.each<[string, unknown]>([
     ['not an object', []],
     ['no suite', { commit: 'c', date: '2026-01-01', machine: {}, figures: [] }],
     [
@@ -122,7 +122,7 @@ describe('normalizeResult', () => {
       },
     ],
     ...(['a string', { family: 'f', key: 'k' }, { family: 'f', key: 'k', value: 'x' }] as const).map(
-      (sweep) => [
+      (sweep): [string, unknown] => [
         `sweep ${JSON.stringify(sweep)}`,
         {
           suite: 's',

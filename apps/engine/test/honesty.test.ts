@@ -490,7 +490,7 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
   });
 
   it('n_predict caps a completion that names no max_tokens', async () => {
-    await client.configure({ n_predict: TABLE.n_predict!.value as number });
+    await client.configure({ n_predict: (TABLE.n_predict as { value: number }).value });
     const r = await complete(eng.url, { prompt: 'Once upon a time', temperature: 0, ignore_eos: true });
     expect(r.json.usage.completion_tokens).toBe(3);
     await client.configure({ n_predict: -1 });
@@ -507,7 +507,7 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
   });
 
   it('state_chunk_size sizes a STATE_GET that names no chunk_size', async () => {
-    await client.configure({ state_chunk_size: TABLE.state_chunk_size!.value as number });
+    await client.configure({ state_chunk_size: (TABLE.state_chunk_size as { value: number }).value });
     const prompt = Array.from(eng.engine.tokenize('Once upon a time there was a dragon. '.repeat(8)));
     await complete(eng.url, { prompt, max_tokens: 2, temperature: 0, slot_id: 0, cache_prompt: true });
     const r = await client.stateGet({ slot: 0 });
