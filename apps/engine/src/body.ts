@@ -7,10 +7,10 @@ export interface PreparedBody {
   body: Record<string, unknown>;
   /**
    * Chat messages, packed as native-ggml's `packChatMessages` does, with their count and text
-   * bytes; with Jinja templates also as sent (`messages`: tool_calls, tool_call_id and
-   * reasoning_content are theirs to render).
+   * bytes; with Jinja templates also as sent, as JSON text (`messagesJson`: tool_calls,
+   * tool_call_id and reasoning_content are theirs to render), made off the JS thread for big bodies.
    */
-  chat?: { packed: Uint8Array; count: number; bytes: number; messages?: unknown[] };
+  chat?: { packed: Uint8Array; count: number; bytes: number; messagesJson?: Uint8Array };
   /** A `prompt` of token ids, and the largest id (checked against the vocabulary). */
   tokens?: { ids: Int32Array; max: number };
 }
@@ -104,7 +104,12 @@ function prepare(data: Uint8Array, chat: boolean, maxMessages: number, jinja = f
       at += 4 + p.length;
     }
     delete b.messages;
-    out.chat = { packed, count: messages.length, bytes, ...(jinja ? { messages } : {}) };
+    out.chat = {
+      packed,
+      count: messages.length,
+      bytes,
+      ...(jinja ? { messagesJson: enc.encode(JSON.stringify(messages)) } : {}),
+    };
   } else if (Array.isArray(b.prompt) && b.prompt.length > 0) {
     // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
     const ids = new Int32Array(b.prompt.length);
@@ -137,6 +142,7 @@ parentPort.on('message', ({ id, data, chat, maxMessages, jinja }) => {
   }
   const transfer = [];
   if (out.ok && out.chat) transfer.push(out.chat.packed.buffer);
+  if (out.ok && out.chat && out.chat.messagesJson) transfer.push(out.chat.messagesJson.buffer);
   if (out.ok && out.tokens) transfer.push(out.tokens.ids.buffer);
   parentPort.postMessage({ id, out }, transfer);
 });

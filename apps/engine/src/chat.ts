@@ -124,18 +124,24 @@ export function withoutChatFields(body: Record<string, unknown>): Record<string,
   return rest;
 }
 
-/** Renders a chat body through llama.cpp's common chat layer (off the JS thread). */
+/**
+ * Renders a chat body through llama.cpp's common chat layer (off the JS thread); `messagesJson` is
+ * the body's messages as JSON text. `tokenize`: the prompt comes back as `tokens` only.
+ */
 export async function renderJinjaChat(
   model: Model,
   body: Record<string, unknown>,
-  messages: unknown[],
+  messagesJson: Uint8Array,
   options: JinjaChatOptions,
+  tokenize = false,
 ): Promise<ChatCommonParams> {
   checkChatFields(body);
-  const input: Record<string, unknown> = { messages };
+  const input: Record<string, unknown> = {};
   for (const f of CHAT_LAYER_FIELDS) if (body[f] !== undefined && body[f] !== null) input[f] = body[f];
   try {
     return await model.applyChatCommonAsync(input, {
+      messagesJson,
+      tokenize,
       ...(options.template !== undefined ? { template: options.template } : {}),
       reasoningFormat: options.reasoningFormat ?? 'auto',
       chatTemplateKwargs: options.chatTemplateKwargs ?? {},

@@ -728,15 +728,23 @@ export class HttpApi {
       throw badRequest('cache_prompt must be a boolean', 'cache_prompt');
     // Jinja templates: llama.cpp's common chat layer renders the chat and gives the tool-call grammar.
     let rendered: ChatCommonParams | undefined;
-    if (prepared.chat?.messages) {
+    if (prepared.chat?.messagesJson) {
       engine.assertReady();
-      rendered = await renderJinjaChat(engine.model!, body, prepared.chat.messages, {
-        ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
-        ...(this.#opts.reasoningFormat !== undefined ? { reasoningFormat: this.#opts.reasoningFormat } : {}),
-        ...(this.#opts.chatTemplateKwargs !== undefined
-          ? { chatTemplateKwargs: this.#opts.chatTemplateKwargs }
-          : {}),
-      });
+      rendered = await renderJinjaChat(
+        engine.model!,
+        body,
+        prepared.chat.messagesJson,
+        {
+          ...(this.#opts.chatTemplate !== undefined ? { template: this.#opts.chatTemplate } : {}),
+          ...(this.#opts.reasoningFormat !== undefined
+            ? { reasoningFormat: this.#opts.reasoningFormat }
+            : {}),
+          ...(this.#opts.chatTemplateKwargs !== undefined
+            ? { chatTemplateKwargs: this.#opts.chatTemplateKwargs }
+            : {}),
+        },
+        true,
+      );
     }
     let params = generationParams(engine, rendered ? withoutChatFields(body) : body);
     if (rendered) {
@@ -766,8 +774,9 @@ export class HttpApi {
       let tokens: Int32Array | undefined;
       for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
         const model = engine.model;
+        // The chat layer tokenized a rendered prompt in its own job, with the model it rendered for.
         const t = rendered
-          ? await engine.tokenizeAsync(rendered.prompt)
+          ? rendered.tokens!
           : prepared.chat
             ? await (this.#opts.chatTemplate === undefined && chatOptions!.addAssistant
                 ? engine.chatTokensAsync(prepared.chat.packed)

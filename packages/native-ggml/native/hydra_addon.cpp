@@ -852,6 +852,11 @@ static std::vector<llama_token> hydra_tokenize(const llama_vocab * vocab, enum l
     return out;
 }
 
+// For hydra_chat.cpp, which tokenizes the prompts it renders in the same job.
+std::vector<llama_token> hydra_tokenize_text(const llama_vocab * vocab, const std::string & text, bool add_special, bool parse_special) {
+    return hydra_tokenize(vocab, llama_vocab_type(vocab), text, add_special, parse_special);
+}
+
 class tokenize_worker : public Napi::AsyncWorker {
 public:
     tokenize_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, std::string text, bool add_special, bool parse_special, bool upstream)

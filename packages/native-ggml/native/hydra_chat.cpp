@@ -99,6 +99,8 @@ bool tty_can_use_colors() {
     return stdout_is_tty || stderr_is_tty;
 }
 
+std::vector<llama_token> hydra_tokenize_text(const llama_vocab * vocab, const std::string & text, bool add_special, bool parse_special);  // hydra_addon.cpp
+
 namespace {
 
 using json = common_json;
@@ -127,8 +129,12 @@ void quiet_common_log() {
 }
 
 // Applies the templates to an OpenAI chat body (JSON text) and returns what generation needs.
-std::string chat_apply(const llama_model * model, const std::string & override_tmpl, const std::string & body_text, const std::string & opts_text) {
+std::string chat_apply(const llama_model * model, const std::string & override_tmpl, const std::string & body_text, const std::string & opts_text,
+                       const std::string & messages_text, std::vector<llama_token> * tokens) {
     json body = json::parse(body_text);
+    if (!messages_text.empty()) {
+        body["messages"] = json::parse(messages_text);
+    }
     json opts = opts_text.empty() ? json::object() : json::parse(opts_text);
     common_chat_templates_ptr tmpls = common_chat_templates_init(model, override_tmpl);
     const bool use_jinja = value_or<bool>(opts, "use_jinja", true);
@@ -252,6 +258,13 @@ std::string chat_apply(const llama_model * model, const std::string & override_t
         {"reasoning_format", common_reasoning_format_name(inputs.reasoning_format)},
         {"parse_tool_calls", !inputs.tools.empty() && inputs.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE},
     };
+    if (tokens != nullptr) {
+        // The prompt stays here: a chat of 150k messages renders to megabytes the JS thread would parse.
+        const llama_vocab * vocab = llama_model_get_vocab(model);
+        *tokens = hydra_tokenize_text(vocab, p.prompt, llama_vocab_get_add_bos(vocab), true);
+        out["prompt"] = "";
+        out["prompt_bytes"] = p.prompt.size();
+    }
     json triggers = json::array();
     for (const auto & t : p.grammar_triggers) {
         json one = {{"type", trigger_type_name(t.type)}, {"value", t.value}};
@@ -293,8 +306,10 @@ std::string chat_parse(const std::string & args_text) {
 
 class chat_worker : public Napi::AsyncWorker {
 public:
-    chat_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, std::string a, std::string b, std::string c)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), a(std::move(a)), b(std::move(b)), c(std::move(c)) {
+    chat_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, std::string a, std::string b, std::string c, std::string messages = {},
+                bool tokenize = false)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), a(std::move(a)), b(std::move(b)), c(std::move(c)),
+          messages(std::move(messages)), tokenize(tokenize) {
         if (m != nullptr) {
             model_ref = Napi::Persistent(model_handle);
         }
@@ -304,12 +319,23 @@ public:
     void Execute() override {
         quiet_common_log();
         try {
-            out = m != nullptr ? chat_apply(m->model, a, b, c) : chat_parse(a);
+            out = m != nullptr ? chat_apply(m->model, a, b, c, messages, tokenize ? &tokens : nullptr) : chat_parse(a);
         } catch (const std::exception & e) {
             SetError(e.what());
         }
     }
-    void OnOK() override { deferred.Resolve(Napi::String::New(Env(), out)); }
+    void OnOK() override {
+        if (!tokenize) {
+            deferred.Resolve(Napi::String::New(Env(), out));
+            return;
+        }
+        Napi::Object r = Napi::Object::New(Env());
+        r.Set("json", Napi::String::New(Env(), out));
+        Napi::Int32Array arr = Napi::Int32Array::New(Env(), tokens.size());
+        memcpy(arr.Data(), tokens.data(), sizeof(llama_token) * tokens.size());
+        r.Set("tokens", arr);
+        deferred.Resolve(r);
+    }
     void OnError(const Napi::Error & e) override {
         deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_BAD_ARGUMENT, e.Message()).Value());
     }
@@ -318,7 +344,9 @@ private:
     Napi::Promise::Deferred deferred;
     hydra_model * m;
     Napi::Reference<Napi::Value> model_ref;  // the model outlives the job
-    std::string a, b, c, out;
+    std::string a, b, c, out, messages;
+    bool tokenize;
+    std::vector<llama_token> tokens;
 };
 
 std::string string_arg(const Napi::CallbackInfo & info, size_t i, const char * what) {
@@ -330,11 +358,20 @@ std::string string_arg(const Napi::CallbackInfo & info, size_t i, const char * w
 
 }  // namespace
 
-// chatCommonApplyAsync(model, templateOverride, bodyJson, optionsJson) -> Promise<JSON text>
+// chatCommonApplyAsync(model, templateOverride, bodyJson, optionsJson, messagesJson?: Uint8Array, tokenize?)
+//   -> Promise<JSON text>, or with tokenize Promise<{json, tokens: Int32Array}> (the prompt tokenized here)
 Napi::Value hydra_chat_common_apply_async(const Napi::CallbackInfo & info) {
     hydra_model * m = hydra_handle_get<hydra_model>(info[0], "model");
+    std::string messages;
+    if (info.Length() > 4 && !info[4].IsUndefined() && !info[4].IsNull()) {
+        if (!info[4].IsTypedArray() || info[4].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+            hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "messages JSON must be a Uint8Array");
+        }
+        Napi::Uint8Array bytes = info[4].As<Napi::Uint8Array>();
+        messages.assign(reinterpret_cast<const char *>(bytes.Data()), bytes.ByteLength());
+    }
     auto * w = new chat_worker(info.Env(), m, info[0], string_arg(info, 1, "template override"), string_arg(info, 2, "body"),
-                               string_arg(info, 3, "options"));
+                               string_arg(info, 3, "options"), std::move(messages), info.Length() > 5 && info[5].ToBoolean().Value());
     Napi::Promise p = w->promise();
     w->Queue();
     return p;

@@ -296,7 +296,9 @@ export interface NativeBinding {
     templateOverride: string,
     body: string,
     options: string,
-  ): Promise<string>;
+    messagesJson?: Uint8Array,
+    tokenize?: boolean,
+  ): Promise<string | { json: string; tokens: Int32Array }>;
   /** common_chat_parse of generated text; arguments and result as JSON text. */
   chatCommonParseAsync(args: string): Promise<string>;
   decodeStep(

@@ -419,6 +419,7 @@ export class Model {
    */
   applyChatCommonAsync(body: object, options: ChatCommonOptions = {}): Promise<ChatCommonParams> {
     const text = JSON.stringify(body);
+    const tokenize = options.tokenize === true;
     const opts = JSON.stringify({
       use_jinja: options.useJinja ?? true,
       reasoning_format: options.reasoningFormat ?? 'auto',
@@ -426,9 +427,16 @@ export class Model {
       chat_template_kwargs: options.chatTemplateKwargs ?? {},
     });
     return this.#job(() =>
-      this.#binding.chatCommonApplyAsync(this.#h(), options.template ?? '', text, opts),
-    ).then((out) => {
-      const r = JSON.parse(out) as RawChatCommonParams;
+      this.#binding.chatCommonApplyAsync(
+        this.#h(),
+        options.template ?? '',
+        text,
+        opts,
+        options.messagesJson,
+        tokenize,
+      ),
+    ).then((res) => {
+      const r = JSON.parse(typeof res === 'string' ? res : res.json) as RawChatCommonParams;
       return {
         prompt: r.prompt,
         format: r.format,
@@ -443,6 +451,7 @@ export class Model {
         parser: r.parser,
         reasoningFormat: r.reasoning_format,
         parseToolCalls: r.parse_tool_calls,
+        ...(typeof res === 'string' ? {} : { tokens: res.tokens, promptBytes: r.prompt_bytes ?? 0 }),
       };
     });
   }
@@ -515,6 +524,13 @@ export interface ChatCommonOptions {
   enableThinking?: boolean;
   /** Server-wide template variables; the body's chat_template_kwargs win. */
   chatTemplateKwargs?: Record<string, unknown>;
+  /** The body's `messages` as JSON text (UTF-8), copied once instead of made on the JS thread. */
+  messagesJson?: Uint8Array;
+  /**
+   * Tokenize the prompt in the same job (as {@link Model.tokenizeAsync}): `tokens` and
+   * `promptBytes` come back and `prompt` is empty, so a long chat never becomes a JS string.
+   */
+  tokenize?: boolean;
 }
 
 /** A grammar trigger as common_chat_params gives it. */
@@ -543,6 +559,9 @@ export interface ChatCommonParams {
   parser: string;
   reasoningFormat: string;
   parseToolCalls: boolean;
+  /** With `tokenize`: the prompt's tokens and its length in bytes. */
+  tokens?: Int32Array;
+  promptBytes?: number;
 }
 
 interface RawChatCommonParams {
@@ -559,6 +578,7 @@ interface RawChatCommonParams {
   parser: string;
   reasoning_format: string;
   parse_tool_calls: boolean;
+  prompt_bytes?: number;
 }
 
 /** A reply as common_chat_parse reads it. */

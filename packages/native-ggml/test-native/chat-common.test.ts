@@ -230,3 +230,40 @@ describe("the synthetic model's own template (chat: 'tools')", () => {
     expect(toolsModel.detokenize(ids, { unparseSpecial: true })).toBe(tools.generationPrompt);
   });
 });
+
+describe('messagesJson, tokenize and reasoning', () => {
+  it('messages as JSON bytes and the prompt tokenized in the same job give what the text path gives', async () => {
+    const messages = [
+      { role: 'user', content: 'Hello' },
+      { role: 'assistant', content: 'Hi' },
+      { role: 'user', content: 'Weather?' },
+    ];
+    const text = await toolsModel.applyChatCommonAsync({ messages, tools: [weather] });
+    const bytes = await toolsModel.applyChatCommonAsync(
+      { tools: [weather] },
+      { messagesJson: new TextEncoder().encode(JSON.stringify(messages)), tokenize: true },
+    );
+    expect(bytes.prompt).toBe('');
+    expect(bytes.promptBytes).toBe(Buffer.byteLength(text.prompt));
+    expect(Array.from(bytes.tokens!)).toEqual(Array.from(await toolsModel.tokenizeAsync(text.prompt)));
+    expect(bytes.grammar).toBe(text.grammar);
+  });
+
+  it('a thinking template splits reasoning_content out of the reply (reasoning_format auto), or leaves it (none)', async () => {
+    const qwen3 = readFileSync(
+      fileURLToPath(new URL('../upstream/models/templates/Qwen-Qwen3-0.6B.jinja', import.meta.url)),
+      'utf8',
+    );
+    const body = { messages: [{ role: 'user', content: 'Why?' }] };
+    const auto = await model.applyChatCommonAsync(body, { template: qwen3 });
+    expect(auto.supportsThinking).toBe(true);
+    const reply = `${auto.generationPrompt.includes('<think>') ? '' : '<think>'}because\n</think>\n\nIt is.`;
+    const parsed = await parseChatOutput(reply, auto);
+    expect(parsed.reasoningContent.trim()).toBe('because');
+    expect(parsed.content).toBe('It is.');
+    const none = await model.applyChatCommonAsync(body, { template: qwen3, reasoningFormat: 'none' });
+    const kept = await parseChatOutput(reply, none);
+    expect(kept.reasoningContent).toBe('');
+    expect(kept.content).toContain('because');
+  });
+});

@@ -310,10 +310,10 @@ export class LlamaRoutes {
           keys: ['messages'],
         },
       );
-    if (prepared.chat?.messages) {
+    if (prepared.chat?.messagesJson) {
       engine.assertReady();
       const o = this.#o;
-      const rendered = await renderJinjaChat(engine.model!, prepared.body, prepared.chat.messages, {
+      const rendered = await renderJinjaChat(engine.model!, prepared.body, prepared.chat.messagesJson, {
         ...(o.chatTemplate !== undefined ? { template: o.chatTemplate } : {}),
         ...(o.reasoningFormat !== undefined ? { reasoningFormat: o.reasoningFormat } : {}),
         ...(o.chatTemplateKwargs !== undefined ? { chatTemplateKwargs: o.chatTemplateKwargs } : {}),
