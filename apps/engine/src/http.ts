@@ -859,7 +859,9 @@ export class HttpApi {
         write(chunk(first && chat ? { role: 'assistant', ...delta } : delta, null));
         first = false;
       };
-      if (rendered) {
+      // Parsing the text so far after every piece (as llama-server) is only needed where it can
+      // differ from the text: tool calls or reasoning to split out.
+      if (rendered && (rendered.parseToolCalls || rendered.supportsThinking)) {
         diff = new ChatStreamDiff(rendered, send);
         const d = diff;
         onText = (text) => d.push(text);
