@@ -1,11 +1,12 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { engineWith } from './helpers.js';
+import { engineWith, tinyModel } from './helpers.js';
 
 // Chat through llama.cpp's common chat layer (--jinja, the default) on the tiny model with
 // chat: 'tools' (a Qwen 2.5-style Jinja template with tools, <tool_call> tokens), with the
@@ -118,8 +119,8 @@ describe('chat through the common chat layer', () => {
         max_tokens: 600,
       });
       const choice = r.choices[0]!;
-      if (choice.finish_reason !== "tool_calls") console.log(JSON.stringify(choice.message));
-      expect(choice.finish_reason).toBe("tool_calls");
+      if (choice.finish_reason !== 'tool_calls') console.log(JSON.stringify(choice.message));
+      expect(choice.finish_reason).toBe('tool_calls');
       expect(choice.message.tool_calls).toHaveLength(1);
       const call = choice.message.tool_calls![0]! as {
         id: string;
@@ -230,6 +231,59 @@ describe('chat through the common chat layer', () => {
       expect(((await res.json()) as any).error.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
     } finally {
       await legacy.close();
+    }
+  });
+
+  it('--chat-template-file with a thinking template: reasoning_content in replies and stream deltas; reasoning_format none keeps it in content', async () => {
+    const file = fileURLToPath(
+      new URL(
+        '../../../packages/native-ggml/upstream/models/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja',
+        import.meta.url,
+      ),
+    );
+    const thinking = await engineWith([
+      '-m',
+      await tinyModel(),
+      '-np',
+      '1',
+      '-c',
+      '1024',
+      '--chat-template-file',
+      file,
+    ]);
+    try {
+      const c = new OpenAI({ baseURL: `${thinking.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const ask = {
+        model: 'tiny',
+        messages: [{ role: 'user' as const, content: 'Why?' }],
+        max_tokens: 6,
+        temperature: 0,
+      };
+      const r = (await c.chat.completions.create(ask)).choices[0]!.message as {
+        content: string | null;
+        reasoning_content?: string;
+      };
+      // The template opens <think> in the generation prompt: every token is reasoning until </think>.
+      expect(r.reasoning_content?.trim().length).toBeGreaterThan(0);
+      expect(r.content ?? '').toBe('');
+      let reasoning = '';
+      let content = '';
+      for await (const chunk of await c.chat.completions.create({ ...ask, stream: true })) {
+        const d = chunk.choices[0]?.delta as { content?: string; reasoning_content?: string } | undefined;
+        reasoning += d?.reasoning_content ?? '';
+        content += d?.content ?? '';
+      }
+      expect(reasoning).toBe(r.reasoning_content);
+      expect(content).toBe('');
+      const none = (await c.chat.completions.create({ ...ask, reasoning_format: 'none' } as any)).choices[0]!
+        .message as {
+        content: string | null;
+        reasoning_content?: string;
+      };
+      expect(none.reasoning_content).toBeUndefined();
+      expect(none.content?.trim().length).toBeGreaterThan(0);
+    } finally {
+      await thinking.close();
     }
   });
 });
