@@ -6,6 +6,7 @@ import { Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseServeArgs } from '../src/args.js';
 import { engineWith, tinyModel } from './helpers.js';
 
 // Chat through llama.cpp's common chat layer (--jinja, the default) on the tiny model with
@@ -284,6 +285,33 @@ describe('chat through the common chat layer', () => {
       expect(none.content?.trim().length).toBeGreaterThan(0);
     } finally {
       await thinking.close();
+    }
+  });
+
+  it('flags: --jinja (default) / --no-jinja, --reasoning-format, --chat-template-kwargs and their LLAMA_ARG_* variables', () => {
+    const s = (argv: string[], env: Record<string, string> = {}) => parseServeArgs(argv, env).settings;
+    expect([s([]).jinja, s([]).reasoningFormat, s([]).chatTemplateKwargs]).toEqual([true, 'auto', undefined]);
+    expect(s(['--no-jinja']).jinja).toBe(false);
+    expect(s([], { LLAMA_ARG_JINJA: '0' }).jinja).toBe(false);
+    expect(s(['--jinja'], { LLAMA_ARG_JINJA: '0' }).jinja).toBe(true);
+    expect(s([], { LLAMA_ARG_THINK: 'none' }).reasoningFormat).toBe('none');
+    expect(s(['--chat-template-kwargs', '{"enable_thinking":false}']).chatTemplateKwargs).toBe(
+      '{"enable_thinking":false}',
+    );
+    expect(s([], { LLAMA_ARG_CHAT_TEMPLATE_KWARGS: '{"a":1}' }).chatTemplateKwargs).toBe('{"a":1}');
+    for (const [argv, key] of [
+      [['--reasoning-format', 'loud'], '@reasoningFormat'],
+      [['--chat-template-kwargs', '[1]'], '@chatTemplateKwargs'],
+      [['--chat-template-kwargs', '{'], '@chatTemplateKwargs'],
+    ] as const) {
+      let err: any;
+      try {
+        parseServeArgs([...argv], {});
+      } catch (e) {
+        err = e;
+      }
+      expect(err?.code, argv.join(' ')).toBe('HYDRA_ERR_BAD_ARGUMENT');
+      expect(err?.keys, argv.join(' ')).toEqual([key]);
     }
   });
 });
