@@ -230,6 +230,15 @@ describe('chat through the common chat layer', () => {
       });
       expect(res.status).toBe(400);
       expect(((await res.json()) as any).error.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
+      // A message field the legacy renderer would drop unseen is refused by name too.
+      const msg = await fetch(`${legacy.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: conversation, max_tokens: 1 }),
+      });
+      const e = ((await msg.json()) as any).error;
+      expect([msg.status, e.code]).toEqual([400, 'HYDRA_ERR_UNSUPPORTED_FIELD']);
+      expect(e.message).toContain('messages[2].tool_calls');
     } finally {
       await legacy.close();
     }
