@@ -32,20 +32,37 @@ const html = `<!doctype html>
 <title>Hydra engine benchmarks</title>
 <style>${uplotCss}
 body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
-h1 { font-size: 20px; } h2 { font-size: 16px; margin: 28px 0 4px; }
-.chart { display: inline-block; margin: 8px 16px 16px 0; vertical-align: top; }
-.chart h3 { font-size: 13px; font-weight: 600; margin: 0 0 4px; max-width: 560px; }
-.meta { color: #666; font-size: 12px; max-width: 560px; }
-table { border-collapse: collapse; font-size: 12px; } td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 6px; }
+.chart { display: inline-block; margin: 8px 16px 16px 0; vertical-align: top; width: 560px; }
+.chart h3 { font-size: 13px; font-weight: 600; margin: 0 0 4px; }
+.meta { color: #666; font-size: 12px; max-width: 900px; }
+.chart .meta { max-width: 560px; }
+.uplot .u-legend { font-size: 11px; text-align: left; }
+table { border-collapse: collapse; font-size: 12px; } td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; vertical-align: top; }
+table.headline th { background: #f3f3f3; }
+table.headline td.goalname { font-weight: 600; max-width: 230px; }
+table.headline td.goalname .src { font-weight: 400; color: #666; font-size: 11px; }
+table.headline td.num, table.headline td.goal, table.headline td.commit { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
+table.headline td.ok { color: #1e7b34; font-weight: 600; } table.headline td.bad { color: #b3261e; font-weight: 600; }
+table.headline td.file { color: #555; font-size: 11px; }
+details.suite > summary { font-size: 16px; font-weight: 600; margin: 20px 0 4px; cursor: pointer; }
 </style>
 </head>
 <body>
-<h1>Hydra engine benchmarks</h1>
-<p class="meta">Each chart: one figure over runs (x: run, labelled by commit), its anchor measured in the same run,
-and the physical limit where one applies. Ratio = figure median / anchor median. Built ${new Date().toISOString()} from
-${results.length} results file(s).</p>
-<div id="runs"></div>
+<h1>Hydra engine benchmarks: how fast, against what</h1>
+<p class="meta">Current figures (latest run of each, superseded experiment runs left out) against the anchor
+measured in the same run and the goal they are held to. Ratio = our median / anchor median. Built
+${new Date().toISOString()} from ${results.length} results file(s).</p>
+<div id="headline"></div>
+<h2>The charts that matter</h2>
+<div id="key"></div>
+<h2>Every figure, by suite</h2>
+<p class="meta">One chart per figure over runs (x: run, labelled by commit), one line per model, its anchor
+dashed, its limit where one applies. <label><input type="checkbox" id="show-variants"> show superseded
+experiment runs</label></p>
 <div id="charts"></div>
+<h2>Runs</h2>
+<div id="runs"></div>
 <script>${uplotJs}</script>
 <script>window.HYDRA_RESULTS = ${data};</script>
 <script>${app}</script>
