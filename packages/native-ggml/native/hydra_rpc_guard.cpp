@@ -441,8 +441,8 @@ const char * op_check(const ggml_tensor * t) {
 class guard {
 public:
     guard(int cfd, int sfd, const std::vector<ggml_backend_t> & backends, const hydra_rpc_limits & limits,
-          const char * cache_dir, hydra_rpc_hash_bound * bound, hydra_rpc_guard_outcome & out)
-        : cfd(cfd), sfd(sfd), backends(backends), L(limits), cache_dir(cache_dir ? cache_dir : ""), bound(bound), out(out),
+          const char * cache_dir, hydra_rpc_hash_bound * bound, uint64_t * n_cmds, hydra_rpc_guard_outcome & out)
+        : cfd(cfd), sfd(sfd), backends(backends), L(limits), cache_dir(cache_dir ? cache_dir : ""), bound(bound), n_cmds(n_cmds), out(out),
           rbuf(READ_BUF), stored(backends.size()) {
         alloc_cap = L.max_alloc_bytes ? L.max_alloc_bytes : hydra_rpc_default_alloc_cap(backends);
     }
@@ -541,6 +541,7 @@ private:
     }
 
     void send_server(const void * p, size_t n) {
+        busy = true;
         const uint8_t * b = (const uint8_t *) p;
         while (n > 0) {
             ssize_t k = send(sfd, b, n, MSG_NOSIGNAL);
@@ -623,6 +624,7 @@ private:
                 memcpy(keep, small + 8, std::min<size_t>(keep_n, size));
             }
             send_client(small, 8 + size);
+            busy = false;
             return;
         }
         send_client(&got, 8);
@@ -635,6 +637,42 @@ private:
             send_client(chunk.data(), m);
             size -= m;
         }
+        busy = false;
+    }
+
+    // GET_TENSOR answered here, as upstream's get_tensor would (| size u64 | data |), so the reply
+    // (the logits of every decoded token) is not copied through the socketpair and back. Upstream
+    // must be idle first: the reply of a barrier (GET_ALIGNMENT) arrives only once every command
+    // relayed before it is done; while upstream waits for that next message, this thread reads.
+    void serve_get_tensor(const ggml_tensor & t, uint64_t offset, uint64_t size) {
+        if (busy) {
+            uint8_t q[9 + 4] = {CMD_GET_ALIGNMENT};
+            q[1] = 4;
+            send_server(q, sizeof(q));
+            uint8_t rsp[16];
+            recv_server(rsp, sizeof(rsp));
+            if (rsp[0] != 8) {
+                gone("server");
+            }
+            busy = false;  // the barrier stands in for this command in upstream's count
+        } else if (n_cmds != nullptr) {
+            (*n_cmds)++;
+        }
+        if (chunk.empty()) {
+            chunk.resize(READ_BUF);
+        }
+        memcpy(chunk.data(), &size, 8);
+        size_t head = 8;
+        do {
+            size_t m = (size_t) std::min<uint64_t>(size, chunk.size() - head);
+            if (m > 0) {
+                ggml_backend_tensor_get(&t, chunk.data() + head, offset, m);
+            }
+            send_client(chunk.data(), head + m);
+            offset += m;
+            size -= m;
+            head = 0;
+        } while (size > 0);
     }
 
     // --- shadow of this session's buffers --------------------------------------------------------
@@ -916,14 +954,9 @@ private:
                 payload(r);
                 tensor(r.tensor, t0, true, -1);
                 region(r.tensor, r.offset, r.size, "GET_TENSOR");
-                reply = r.size;
-                if (reply == 0) {
-                    send_server(rbuf.data() + rpos, 9 + want);
-                    rpos += 9 + want;
-                    relay_reply(0);
-                    return true;
-                }
-                break;
+                rpos += 9 + want;
+                serve_get_tensor(t0, r.offset, r.size);
+                return true;
             }
             case CMD_COPY_TENSOR: {
                 copy_tensor_req r;
@@ -1244,6 +1277,8 @@ private:
     hydra_rpc_limits L;
     std::string cache_dir;
     hydra_rpc_hash_bound * bound;
+    uint64_t * n_cmds;
+    bool busy = false;  // a relayed command may still be running in upstream
     uint64_t nbytes = 0;  // of the last tensor checked
     hydra_rpc_guard_outcome & out;
     std::chrono::steady_clock::time_point start;
@@ -1313,10 +1348,10 @@ const void * hydra_rpc_guarded_resolve(void * bound, uint64_t hash, size_t * siz
 
 void hydra_rpc_guard_run(int client_fd, int server_fd, const std::vector<ggml_backend_t> & backends,
                          const hydra_rpc_limits & limits, const char * cache_dir, hydra_rpc_hash_bound * bound,
-                         hydra_rpc_guard_outcome & out) {
+                         uint64_t * n_cmds, hydra_rpc_guard_outcome & out) {
     int flags = fcntl(client_fd, F_GETFL, 0);
     fcntl(client_fd, F_SETFL, flags | O_NONBLOCK);
-    guard g(client_fd, server_fd, backends, limits, cache_dir, bound, out);
+    guard g(client_fd, server_fd, backends, limits, cache_dir, bound, n_cmds, out);
     g.run_all();
     fcntl(client_fd, F_SETFL, flags);
 }

@@ -49,6 +49,8 @@ uint64_t hydra_rpc_default_alloc_cap(const std::vector<ggml_backend_t> & backend
 
 // Relays one session from client_fd (the client's connection, left open) to server_fd (upstream's
 // end of a socketpair, left open), validating every message; returns when either side ends.
+// GET_TENSOR is answered by this thread itself while upstream is idle (n_cmds, upstream's command
+// counter, then counts it).
 void hydra_rpc_guard_run(int client_fd, int server_fd, const std::vector<ggml_backend_t> & backends,
                          const hydra_rpc_limits & limits, const char * cache_dir, hydra_rpc_hash_bound * bound,
-                         hydra_rpc_guard_outcome & out);
+                         uint64_t * n_cmds, hydra_rpc_guard_outcome & out);

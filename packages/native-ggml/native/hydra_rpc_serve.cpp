@@ -431,7 +431,7 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
             close(pair[1]);
             prepared = false;
         } else {
-            hydra_rpc_guard_run(fd, pair[0], t_serve_backends.backends, limits, session.cache_dir, &bound, outcome);
+            hydra_rpc_guard_run(fd, pair[0], t_serve_backends.backends, limits, session.cache_dir, &bound, &stats->n_cmds, outcome);
             // EOF on its socket unwinds upstream's loop once it finishes what it is computing
             shutdown(pair[0], SHUT_RDWR);
             pthread_join(upstream, nullptr);
