@@ -297,7 +297,7 @@
         legend: { live: false },
         series,
         scales: {
-          x: { time: false, range: (_u, mn, mx) => [mn - 0.5, mx + 0.5] },
+          x: { time: false, range: () => [-0.5, runs.length - 0.5] },
           y: { range: () => [lo - pad, hi + pad] },
         },
         axes: [
@@ -536,7 +536,7 @@
         height: 240,
         legend: { live: false },
         series,
-        scales: { x: { time: false, range: (_u, mn, mx) => [mn - 0.5, mx + 0.5] }, y: yFromZero() },
+        scales: { x: { time: false, range: () => [-0.5, runs.length - 0.5] }, y: yFromZero() },
         axes: [runAxis(labels), { label: last.unit, size: 70 }],
         hooks: { draw: [flatHook(flats)] },
       },
