@@ -34,6 +34,8 @@ export interface ServeSettings {
   progress: 'auto' | 'bar' | 'lines' | 'off';
   /** GGUF files whose tensors the merged port serves to ggml-RPC heads from disk (COMBINE). */
   rpcWeights: string[];
+  /** CONFIGURE `rpc_weights` is taken (a head names the GGUF it loads); `--no-configure-rpc-weights` refuses it. */
+  configureRpcWeights: boolean;
   // Peer watchdog (combine/watchdog.ts PeerWatchdogOptions).
   /** No decode progress for this long while a step is in flight is a peer loss. */
   peerStallMs: number;
@@ -349,6 +351,13 @@ export const FLAGS: FlagSpec[] = [
     key: '@rpcWeights',
     kind: 'repeat',
     help: 'GGUF a head may load through --rpc-port: its tensors are read here, not sent (repeatable)',
+  },
+  {
+    names: ['--no-configure-rpc-weights'],
+    key: '@configureRpcWeights',
+    kind: 'flag',
+    bare: false,
+    help: 'refuse CONFIGURE rpc_weights (a head naming the GGUF it loads, to index before it does)',
   },
   // Merged port caps and timeouts (settings; see ServeSettings).
   {
@@ -780,6 +789,8 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   progress: 'progress',
   '@rpcWeights': 'rpcWeights',
   rpc_weights: 'rpcWeights',
+  '@configureRpcWeights': 'configureRpcWeights',
+  configure_rpc_weights: 'configureRpcWeights',
   '@peerStallMs': 'peerStallMs',
   peer_stall_ms: 'peerStallMs',
   '@peerProbeIntervalMs': 'peerProbeIntervalMs',
@@ -914,6 +925,7 @@ const STRING_SETTINGS = new Set<keyof ServeSettings>([
   'corsHeaders',
 ]);
 const BOOL_SETTINGS = new Set<keyof ServeSettings>([
+  'configureRpcWeights',
   'slotsEndpoint',
   'corsCredentials',
   'cachePrompt',
@@ -981,6 +993,7 @@ export function parseServeArgs(
     bodyTimeoutMs: 10_000,
     progress: 'auto',
     rpcWeights: [],
+    configureRpcWeights: true,
     peerStallMs: 15_000,
     peerProbeIntervalMs: 1000,
     peerProbeTimeoutMs: 1000,

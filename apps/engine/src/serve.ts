@@ -127,7 +127,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     stateTimeoutMs: args.settings.stateTimeoutMs,
     maxStateUploadBytes: args.settings.maxStateUploadBytes,
     // The indexer starts with the merged port (below); a CONFIGURE waits for the port anyway.
-    ...((t4.rpc_port as number) > 0
+    ...((t4.rpc_port as number) > 0 && args.settings.configureRpcWeights
       ? {
           indexWeights: (files: readonly string[]) =>
             weights

@@ -29,7 +29,8 @@ describe('peer loss during a CONFIGURE load', () => {
     procs.push(head.child);
     const before = await greedy(head.url, PROMPT);
     expect(before.status).toBe(200);
-    const peer = await spawnEngine([]);
+    // Not told to index the file: its weights stream over the wire, which the kill interrupts.
+    const peer = await spawnEngine(['--no-configure-rpc-weights']);
     procs.push(peer.child);
 
     const started = performance.now();
@@ -51,6 +52,7 @@ describe('peer loss during a CONFIGURE load', () => {
       `load loss: CONFIGURE answered ${(answered - killedAt).toFixed(0)} ms after kill -9 (${(killedAt - started).toFixed(0)} ms into it)`,
     );
     expect(r.success).toBe(false);
+    if (!JSON.stringify(r).includes('HYDRA_ERR_PEER_LOST')) console.log(JSON.stringify(r));
     expect(JSON.stringify(r)).toContain('HYDRA_ERR_PEER_LOST');
     expect(answered - killedAt).toBeLessThan(10_000);
     await waitFor(async () => {
@@ -66,5 +68,53 @@ describe('peer loss during a CONFIGURE load', () => {
     expect(status.last_rebuild_failure).toMatchObject({ code: 'HYDRA_ERR_PEER_LOST', restored: true });
     expect(await greedy(head.url, PROMPT)).toEqual(before);
     expect(head.child.exitCode).toBeNull();
+  }, 180_000);
+
+  it('a COMBINE head whose peer dies while it loads another model: PEER_LOST, then failover (the previous COMBINE cannot be restored)', async () => {
+    // Not told to index the file: its weights stream over the wire, which the kill interrupts.
+    const peer = await spawnEngine(['--no-configure-rpc-weights']);
+    procs.push(peer.child);
+    const head = await spawnEngine([
+      '-m',
+      tiny,
+      '-c',
+      '1024',
+      '--rpc',
+      peer.rpc,
+      '--device',
+      'RPC0',
+      '-ngl',
+      '99',
+    ]);
+    procs.push(head.child);
+    const before = await greedy(head.url, PROMPT);
+    expect(before.status).toBe(200);
+    const reply = fetch(`${head.url}/control/configure`, {
+      method: 'POST',
+      body: JSON.stringify({ model: big }),
+    }).then((r) => r.json() as Promise<{ success: boolean }>);
+    await waitFor(async () => {
+      const h = (await fetch(`${head.url}/health`).then((r) => r.json())) as { state: string };
+      return h.state === 'loading';
+    }, 20_000);
+    await new Promise((r) => setTimeout(r, 300));
+    const killedAt = performance.now();
+    peer.child.kill('SIGKILL');
+    const r = await reply;
+    expect(r.success).toBe(false);
+    expect(JSON.stringify(r)).toContain('HYDRA_ERR_PEER_LOST');
+    let h:
+      | { state: string; status: string; degraded?: { reason: string; failover?: { policy: string } } }
+      | undefined;
+    await waitFor(async () => {
+      h = (await fetch(`${head.url}/health`).then((x) => x.json())) as NonNullable<typeof h>;
+      return h.state === 'ready' && h.status === 'degraded';
+    }, 20_000);
+    console.log(
+      `load loss, COMBINE before: SOLO failover ready ${(performance.now() - killedAt).toFixed(0)} ms after kill -9`,
+    );
+    expect(h!.degraded!.reason).toMatch(/still gone/);
+    expect(h!.degraded!.failover?.policy).toBe('solo');
+    expect(await greedy(head.url, PROMPT)).toEqual(before);
   }, 180_000);
 });

@@ -46,6 +46,11 @@ const wire = new Map<string, string>();
 const nameAlias = new Map<string, string>();
 const buftAlias = new Map<string, string>();
 let local: Device[] | undefined;
+/**
+ * A registration was started: llama.cpp may hold the peer's devices even when it did not finish
+ * (a peer that died during it), so from then on every load names its devices.
+ */
+let attempted = false;
 /** The last description read of every device listed, in llama.cpp's order (local, then peers'). */
 const known = new Map<string, Device>();
 /** Device reads in flight; a device is not asked again until its read settles. */
@@ -121,6 +126,7 @@ export async function registerPeer(endpoint: string): Promise<{ names: string[];
   const generation = losses.get(endpoint) ?? 0;
   const target = generation === 0 ? endpoint : await respell(endpoint, generation);
   localDevices();
+  attempted = true;
   const devices = await addRpcServer(target);
   const names = devices.map((d) => d.name);
   const bufferTypes = devices.map((d) => d.bufferType);
@@ -218,7 +224,7 @@ export function loadDevices(
   rpcServers: readonly string[],
   configured: { devices?: string[] | undefined; overrides?: string[] | undefined },
 ): { devices: string[]; overrides: string[] | undefined; dropped: boolean } | undefined {
-  if (endpoints.size === 0) return undefined;
+  if (endpoints.size === 0 && !attempted) return undefined;
   const rpc = rpcServers.flatMap((e) => endpoints.get(e) ?? []);
   const gpus = localDevices()
     .filter((d) => d.type !== 'cpu' && d.type !== 'accel')

@@ -38,7 +38,7 @@ export interface ControllerOptions {
   maxStateUploadBytes?: number;
   /**
    * Indexes GGUF files for the merged port's SET_TENSOR_HASH (CONFIGURE `rpc_weights`); absent
-   * without `--rpc-port`, and `rpc_weights` is then refused.
+   * without `--rpc-port` or with `--no-configure-rpc-weights`, and `rpc_weights` is then refused.
    */
   indexWeights?: (
     files: readonly string[],
@@ -386,7 +386,7 @@ export class Controller {
       if (!this.#indexWeights)
         throw new HydraError(
           'HYDRA_ERR_UNSUPPORTED_FIELD',
-          `${RPC_WEIGHTS_KEY} needs a --rpc-port to serve from`,
+          `${RPC_WEIGHTS_KEY} is not taken here (no --rpc-port, or --no-configure-rpc-weights)`,
           {
             keys: [RPC_WEIGHTS_KEY],
           },

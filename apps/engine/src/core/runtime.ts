@@ -7,6 +7,7 @@ import {
   Model,
   type ModelLoadParams,
   probeRpcServer,
+  rpcParkedInfo,
 } from '@hydra-engine/native-ggml';
 import type { ModelFacts, ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
@@ -36,6 +37,35 @@ import {
 import { contextParamsFrom, modelParamsFrom } from './params.js';
 import type { Scheduler } from './scheduler.js';
 import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
+
+/** How long a rejoin waits for a lost peer's registration. */
+const REJOIN_REGISTER_MS = 15_000;
+
+function withTimeout<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      const last = (() => {
+        try {
+          return rpcParkedInfo().last;
+        } catch {
+          return '';
+        }
+      })();
+      reject(
+        new HydraError(
+          'HYDRA_ERR_PEER_UNREACHABLE',
+          `${what} did not return in ${ms} ms` +
+            (/Failed to connect|handshake failed/.test(last)
+              ? ": a ggml-RPC thread parked while dialing holds llama.cpp's dispatcher lock; no peer can be dialled again until the head restarts"
+              : ''),
+        ),
+      );
+    }, ms);
+    timer.unref();
+  });
+  return Promise.race([work, late]).finally(() => clearTimeout(timer));
+}
 
 /** A model and context pair that may serve decode steps. */
 interface Serving {
@@ -95,6 +125,8 @@ export class Runtime {
   #failingOver = false;
   /** The rejoin of the loss that `degraded` reports. */
   #rejoin: { rejoin: PeerRejoin; degraded: Degraded } | undefined;
+  /** Peers a load lost and that have not been registered again since. */
+  readonly #lostInLoad = new Set<string>();
   /** The model facts and the configuration the context in force was built with (a failed rebuild restores it). */
   #built: { facts: ModelFacts | undefined; cfg: Params } | undefined;
   /** The facts of the model in force (read by load's GGUF checks). */
@@ -204,11 +236,38 @@ export class Runtime {
     await this.#unload(samePath);
     this.#state = 'loading';
     const started = performance.now();
+    let stillLost: { peer: string; why: string } | undefined;
     try {
       const path = this.#registry ? this.#registry.resolve(name).path : name;
       const peers = (cfg.rpc_servers as string[]) ?? [];
       const peerBufts: string[] = [];
-      for (const peer of peers) peerBufts.push(...(await registerPeer(peer)).bufferTypes);
+      for (const peer of peers) {
+        try {
+          // HELLO first: a peer that does not answer is unreachable; one that dies after it is lost.
+          await probeRpcServer(peer);
+          // Registration dials the peer from a native thread, which parks if the peer dies.
+          const reg = await watchPeers([peer], 'the peer registration', registerPeer(peer), () => undefined);
+          peerBufts.push(...reg.bufferTypes);
+        } catch (err) {
+          // The peer a load lost is still gone (the controller's restore of a COMBINE
+          // configuration that used it): that is a failover, not a failed load.
+          if (this.#lostInLoad.has(peer)) stillLost = { peer, why: (err as Error).message };
+          const code = (err as { code?: string }).code;
+          // It answered HELLO (the probe above) and then failed its registration: lost.
+          const answered = !(err instanceof HydraError && err.message.startsWith(`ggml-RPC peer ${peer}:`));
+          if (code !== 'HYDRA_ERR_PEER_LOST' && answered && !stillLost)
+            throw new HydraError(
+              'HYDRA_ERR_PEER_LOST',
+              `the peer registration ended: ${(err as Error).message}`,
+              {
+                details: { peers: [peer] },
+                cause: err,
+              },
+            );
+          throw err;
+        }
+      }
+      for (const peer of peers) this.#lostInLoad.delete(peer);
       // tensor_split/n_gpu_layers "auto": the planner's choice over the memory free after the unload.
       if (cfg.tensor_split === 'auto' || cfg.n_gpu_layers === 'auto') {
         cfg = resolveAuto(facts, cfg, {
@@ -268,7 +327,10 @@ export class Runtime {
       if (err instanceof HydraError && err.code === 'HYDRA_ERR_PEER_LOST') {
         // What was built holds buffers on the lost peer: freeing it would wait on it for good.
         const peers = (cfg.rpc_servers as string[]) ?? [];
-        for (const p of peers) markPeerLost(p);
+        for (const p of peers) {
+          markPeerLost(p);
+          this.#lostInLoad.add(p);
+        }
         ABANDONED.push(this.#model, this.#scheduler.detach(), this.#standby);
         this.#model = undefined;
         this.#standby = undefined;
@@ -277,6 +339,13 @@ export class Runtime {
       await this.#unload();
       this.#state = 'error';
       this.#lastError = (err as Error).message;
+      if (stillLost && !this.#failingOver) {
+        this.#facts = facts;
+        await this.failOver(`peer ${stillLost.peer} lost during a load is still gone: ${stillLost.why}`, [
+          ...((cfg.rpc_servers as string[]) ?? []),
+        ]);
+        return;
+      }
       if (err instanceof HydraError && err.code !== 'HYDRA_ERR_INTERNAL') throw err;
       throw new HydraError('HYDRA_ERR_LOAD_FAILED', `model load failed: ${(err as Error).message}`, {
         cause: err,
@@ -506,8 +575,9 @@ export class Runtime {
       log: (line) => this.#log.info(line),
       restore: async () => {
         // Registered (HELLO-probed) before anything is unloaded: a peer that went away again
-        // leaves the failover model serving.
-        for (const p of peers) await registerPeer(p);
+        // leaves the failover model serving. Bounded: a ggml-RPC thread parked while dialing
+        // holds llama.cpp's dispatcher mutex (get_dispatcher), and no registration returns again.
+        for (const p of peers) await withTimeout(registerPeer(p), REJOIN_REGISTER_MS, `registering ${p}`);
         this.#layers.configure(previous);
         try {
           await this.load();
