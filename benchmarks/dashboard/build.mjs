@@ -42,7 +42,8 @@ table { border-collapse: collapse; font-size: 12px; } td, th { border: 1px solid
 table.headline th { background: #f3f3f3; }
 table.headline td.goalname { font-weight: 600; max-width: 230px; }
 table.headline td.goalname .src { font-weight: 400; color: #666; font-size: 11px; }
-table.headline td.num, table.headline td.goal, table.headline td.commit { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
+table.headline td.num, table.headline td.goal, table.headline td.commit { white-space: nowrap; }
+table.headline td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.headline td.ok { color: #1e7b34; font-weight: 600; } table.headline td.bad { color: #b3261e; font-weight: 600; }
 table.headline td.file { color: #555; font-size: 11px; }
 details.suite > summary { font-size: 16px; font-weight: 600; margin: 20px 0 4px; cursor: pointer; }
