@@ -5,7 +5,14 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { addonCandidates, detachFd, listDevices, peekFirstByte, probeRpcServer } from '../src/index.js';
+import {
+  addonCandidates,
+  detachFd,
+  freeLoopbackPort as freePort,
+  listDevices,
+  peekFirstByte,
+  probeRpcServer,
+} from '../src/index.js';
 import { writeSyntheticModel } from '../src/synth/index.js';
 
 /**
@@ -121,7 +128,7 @@ export async function startFdServer(devices?: string[]): Promise<{
   };
 }
 
-export { freeLoopbackPort as freePort } from '../src/index.js';
+export { freePort };
 
 /** Starts the stock upstream ggml-rpc-server built from the same pin; resolves once it listens. */
 export async function startStockRpcServer(
