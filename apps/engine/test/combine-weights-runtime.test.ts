@@ -70,6 +70,36 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
     expect(sent).toBeLessThanOrEqual(0.01 * share);
   }, 180_000);
 
+  it('the control: a bare peer that refuses rpc_weights receives its whole share over the wire', async () => {
+    const rpcPort = await freeLoopbackPort();
+    const peer = await engineWith(['--rpc-port', String(rpcPort), '--no-configure-rpc-weights']);
+    open.push(peer);
+    const before = peer.port!.stats().rpc;
+    const head = await spawnEngine([
+      '-m',
+      wide,
+      '--rpc',
+      `127.0.0.1:${rpcPort}`,
+      '--device',
+      'RPC0',
+      '-ngl',
+      '99',
+      '-c',
+      '256',
+    ]);
+    expect(head.log()).toMatch(/not told to index/);
+    await new Promise<void>((resolve) => {
+      head.child.once('exit', () => resolve());
+      head.child.kill('SIGTERM');
+    });
+    await waitFor(async () => peer.port!.stats().rpc.served > before.served, 10_000);
+    const sent = peer.port!.stats().rpc.setTensorBytes - before.setTensorBytes;
+    console.log(
+      `run-time rpc_weights refused: ${sent} weight bytes on the wire for a ${wideShareBytes()}-byte share`,
+    );
+    expect(sent).toBeGreaterThanOrEqual(0.99 * wideShareBytes());
+  }, 180_000);
+
   it('CONFIGURE rpc_weights: indexed files in the reply; bad values and engines without a port refused by name', async () => {
     const rpcPort = await freeLoopbackPort();
     const peer = await engineWith(['--rpc-port', String(rpcPort)]);

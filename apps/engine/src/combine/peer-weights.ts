@@ -1,8 +1,9 @@
 // Head side of "no weight transfer" at run time: before a COMBINE load, each peer that is a Hydra
 // engine is told (CONFIGURE `rpc_weights`) which GGUF the head is about to load, so it indexes that
 // file and answers the head's SET_TENSOR_HASH from its own disk instead of receiving the tensors.
-// A peer that is not a Hydra engine (upstream's rpc-server closes a connection whose first byte is
-// not its HELLO), does not admit the head to its control plane, or has no such file, only costs
+// A peer that is not a Hydra engine (upstream's rpc-server leaves the connection unaccepted while
+// the head's session is open, or closes one whose first byte is not its HELLO; the Hydra HELLO is
+// given 1 s), does not admit the head to its control plane, or has no such file, only costs
 // the saving: the load sends the bytes as before.
 import { HydraClient } from '@hydra-engine/hydra-rpc';
 
@@ -20,7 +21,7 @@ export interface PeerWeightsResult {
 export async function tellPeersWeights(
   peers: readonly string[],
   file: string,
-  options: { connectTimeoutMs?: number; timeoutMs?: number } = {},
+  options: { connectTimeoutMs?: number; helloTimeoutMs?: number; timeoutMs?: number } = {},
 ): Promise<PeerWeightsResult[]> {
   return Promise.all(
     peers.map(async (peer): Promise<PeerWeightsResult> => {
@@ -35,6 +36,11 @@ export async function tellPeersWeights(
           // Indexing hashes the file's large tensors: about 1 s per GB read.
           timeoutMs: options.timeoutMs ?? 300_000,
         });
+        // A Hydra engine answers HELLO at once (its port serves connections side by side); a
+        // stock server with the head's session open leaves this connection unaccepted.
+        const hello = await client.hello({}, { timeoutMs: options.helloTimeoutMs ?? 1000 });
+        if (hello.engine?.name !== 'hydra-engine')
+          return { peer, error: `not a Hydra engine (${hello.engine?.name})` };
         const r = (await client.configure({ rpc_weights: [file] })) as unknown as {
           rpc_weights_indexed?: { tensors: number; already: boolean }[];
         };
