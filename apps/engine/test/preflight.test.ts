@@ -171,13 +171,19 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
       expect([name, r.json.error?.code], JSON.stringify(r.json)).toEqual([name, b.code]);
       expect(r.status).toBe(400);
     }
-    // keep_layer_range on a 1e9-layer file sized an array by the block count (V8 died at 2.2 GiB).
-    const lm = await post(e.url, '/control/load_model', {
+    // load_model reads the tensor table for its reply: the block-count check comes before it.
+    const lm = await post(e.url, '/control/load_model', { model: bad.blocks1e9!.path });
+    expect(lm.json.error).toMatchObject({ code: 'HYDRA_ERR_MODEL_METADATA', keys: ['llama.block_count'] });
+    expect(lm.ms).toBeLessThan(2000);
+    // keep_layer_range is refused by name before the file is read at all.
+    const kept = await post(e.url, '/control/load_model', {
       model: bad.blocks1e9!.path,
       keep_layer_range: { lo: 0, hi: 1 },
     });
-    expect(lm.json.error).toMatchObject({ code: 'HYDRA_ERR_MODEL_METADATA', keys: ['llama.block_count'] });
-    expect(lm.ms).toBeLessThan(2000);
+    expect(kept.json.error).toMatchObject({
+      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
+      keys: ['keep_layer_range'],
+    });
     expect(await greedy(e.url)).toEqual(before);
     const st = await status(e.url);
     expect(st).toMatchObject({ state: 'ready', model: { path: tiny } });

@@ -819,8 +819,8 @@ export class Controller {
 
   /**
    * `POST /control/load_model`: loads `model` (CONFIGURE `{model}`; waits for a deferred load).
-   * With `keepLayerRange`, blocks outside lo..hi are pinned to host memory by tensor overrides, so
-   * only blk.lo..hi go to the offload devices; llama.cpp still needs every tensor of the graph.
+   * @throws HydraError `HYDRA_ERR_UNSUPPORTED_FIELD` for `keep_layer_range`, `HYDRA_ERR_UNKNOWN_KEY`
+   * for any other key but `model`, and CONFIGURE's errors.
    */
   async loadModel(req: Record<string, unknown>): Promise<{
     loaded: true;
@@ -828,28 +828,29 @@ export class Controller {
     size_mb: number;
     tier: ConfigureReply['tier'];
     epoch: number;
-    keep_layer_range?: { lo: number; hi: number };
   }> {
+    // Refused rather than approximated: the pinned llama.cpp cannot load only some blocks within the
+    // patch budget (docs/decisions.md), and pinning the other blocks to host memory saved nothing.
+    if (req.keep_layer_range !== undefined) {
+      throw new HydraError(
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        'keep_layer_range is not supported: llama.cpp loads every layer of the model',
+        { keys: ['keep_layer_range'] },
+      );
+    }
+    const extra = Object.keys(req).filter((k) => k !== 'model');
+    if (extra.length > 0) {
+      throw new HydraError('HYDRA_ERR_UNKNOWN_KEY', `load_model takes only model, not ${extra.join(', ')}`, {
+        keys: extra,
+      });
+    }
     if (typeof req.model !== 'string' || req.model === '')
       throw badValue('model must be a non-empty string', 'model');
     const path = await this.resolveModel(req.model);
-    // The GGUF checks first: keep_layer_range below is sized by the block count.
+    // The GGUF checks (bounded counts) before shapeOf walks the tensor table.
     await modelFacts(path);
     const shape = await shapeOf(path);
-    const delta: Record<string, unknown> = { model: req.model };
-    let range: { lo: number; hi: number } | undefined;
-    if (req.keep_layer_range !== undefined) {
-      const r = req.keep_layer_range as Record<string, unknown>;
-      if (typeof r !== 'object' || r === null)
-        throw badValue('keep_layer_range must be {lo, hi}', 'keep_layer_range');
-      const lo = intField(r, 'lo', undefined, 0, shape.n_layer - 1);
-      const hi = intField(r, 'hi', undefined, lo, shape.n_layer - 1);
-      range = { lo, hi };
-      const outside: number[] = [];
-      for (let i = 0; i < shape.n_layer; i++) if (i < lo || i > hi) outside.push(i);
-      delta.override_tensors = outside.length > 0 ? [`blk\\.(${outside.join('|')})\\.=CPU`] : [];
-    }
-    const reply = await this.configure(delta);
+    const reply = await this.configure({ model: req.model });
     await this.settled();
     if (this.engine.state !== 'ready' || this.engine.modelPath !== path) {
       throw new HydraError(
@@ -857,20 +858,13 @@ export class Controller {
         `model ${req.model} is not loaded (state ${this.engine.state})`,
       );
     }
-    const inRange = (name: string) => {
-      if (!range) return true;
-      const m = /^blk\.(\d+)\./.exec(name);
-      return m !== null && Number(m[1]) >= range.lo && Number(m[1]) <= range.hi;
-    };
-    const kept = shape.tensors.filter((t) => inRange(t.name));
-    const bytes = kept.reduce((s, t) => s + t.bytes, 0);
+    const bytes = shape.tensors.reduce((s, t) => s + t.bytes, 0);
     return {
       loaded: true,
-      n_tensors: kept.length,
+      n_tensors: shape.tensors.length,
       size_mb: Math.round((bytes / (1024 * 1024)) * 100) / 100,
       tier: reply.tier,
       epoch: this.engine.epoch,
-      ...(range ? { keep_layer_range: range } : {}),
     };
   }
 
