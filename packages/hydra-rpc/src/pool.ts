@@ -99,6 +99,12 @@ interface Running {
   id: number;
   job: RpcJob;
   live: Partial<RpcSessionStats>;
+  /** When it was handed to its host. */
+  startedAt: number;
+  /** How long it waited in the queue for a host. */
+  waitedMs: number;
+  /** Its host had not reported ready (still starting) when it was handed over. */
+  coldHost: boolean;
 }
 
 interface Host {
@@ -116,6 +122,7 @@ interface Host {
 interface Queued {
   job: RpcJob;
   timer: NodeJS.Timeout;
+  at: number;
 }
 
 const STAT_KEYS = ['bytesIn', 'bytesOut', 'commands', 'setTensorBytes', 'setTensorHashHits'] as const;
@@ -206,6 +213,7 @@ export class RpcPool {
     const queued: Queued = {
       job,
       timer: setTimeout(() => this.#expire(queued), this.#config.queueTimeoutMs),
+      at: Date.now(),
     };
     this.#queue.push(queued);
     this.#pump();
@@ -362,12 +370,14 @@ export class RpcPool {
         if (message.t === 'done') {
           this.#served++;
           this.#summarize(running.job.label, message.result);
+          this.#logEnded(host, running, message.result);
         } else {
           this.#failed++;
           addStats(this.#totals, running.live);
-          this.#config.logger.error(`hydra-rpc: ggml-RPC session for ${running.job.label} failed`, {
-            err: message.error,
-          });
+          this.#config.logger.error(
+            `hydra-rpc: ggml-RPC session for ${running.job.label} failed (${sessionContext(host, running)})`,
+            { err: message.error },
+          );
         }
         this.#finish(running);
         this.#pump();
@@ -394,6 +404,23 @@ export class RpcPool {
     }
   }
 
+  // One line per session that ended normally: how it ended, where, how long it waited and ran, and
+  // whether any message was answered. A client that reports a failed HELLO is found here: a session
+  // that ended before its HELLO was answered is a warning, with how long its host took to take it.
+  #logEnded(host: Host, running: Running, result: Record<string, unknown> | undefined): void {
+    const r = typeof result === 'object' && result !== null ? result : {};
+    const ended = typeof r.ended === 'string' && r.ended !== '' ? r.ended : 'unknown';
+    const num = (v: unknown): string => (typeof v === 'number' && Number.isFinite(v) ? String(v) : '?');
+    const answered = r.messages;
+    const noHello = typeof answered === 'number' && answered === 0;
+    const line =
+      `hydra-rpc: ggml-RPC session for ${running.job.label} ended (${ended}) ` +
+      `${noHello ? 'before its HELLO was answered' : `after ${num(answered)} messages`}, ${sessionContext(host, running)}: ` +
+      `${num(r.commands)} commands, ${num(r.bytesIn)} bytes in, ${num(r.bytesOut)} bytes out`;
+    if (noHello) this.#config.logger.warn(line);
+    else this.#config.logger.info(line);
+  }
+
   #onExit(host: Host, code: number | null, signal: NodeJS.Signals | null): void {
     this.#hosts.delete(host);
     clearTimeout(host.idleTimer);
@@ -412,7 +439,7 @@ export class RpcPool {
       this.#crashed++;
       addStats(this.#totals, running.live);
       this.#config.logger.error(
-        `hydra-rpc: ggml-RPC session for ${running.job.label} ended: its host process ${host.pid} ${cause}`,
+        `hydra-rpc: ggml-RPC session for ${running.job.label} ended: its host process ${host.pid} ${cause} (${sessionContext(host, running)})`,
       );
       this.#finish(running);
     } else if (!host.stopping && !this.#closing) {
@@ -506,7 +533,15 @@ export class RpcPool {
       }
       this.#active++;
       this.#runningBy.set(job.source, (this.#runningBy.get(job.source) ?? 0) + 1);
-      const running: Running = { id: this.#nextId++, job, live: {} };
+      const now = Date.now();
+      const running: Running = {
+        id: this.#nextId++,
+        job,
+        live: {},
+        startedAt: now,
+        waitedMs: now - queued.at,
+        coldHost: !host.ready,
+      };
       host.running = running;
       clearTimeout(host.idleTimer);
       host.idleTimer = undefined;
@@ -567,6 +602,11 @@ export class RpcPool {
       await within(exits, 2000);
     }
   }
+}
+
+function sessionContext(host: Host, running: Running): string {
+  const cold = running.coldHost ? ', a host still starting' : '';
+  return `host ${host.pid}, ${Date.now() - running.startedAt} ms served, ${running.waitedMs} ms queued${cold}`;
 }
 
 function decrement(map: Map<string, number>, key: string): void {

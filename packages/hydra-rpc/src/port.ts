@@ -432,6 +432,10 @@ export class HydraPort {
     }
     if (byte < 0) {
       this.#conn.noFirstByte++;
+      this.#logRefusal(
+        'no first byte',
+        `hydra-rpc: closed connection from ${label}: it closed or sent nothing within ${this.#firstByteTimeoutMs} ms`,
+      );
       socket.destroy();
       return;
     }
@@ -441,6 +445,10 @@ export class HydraPort {
     }
     if (byte !== GGML_RPC_HELLO) {
       this.#conn.badFirstByte++;
+      this.#logRefusal(
+        'bad first byte',
+        `hydra-rpc: closed connection from ${label}: first byte 0x${byte.toString(16).padStart(2, '0')} is neither ggml-RPC HELLO nor a Hydra opcode`,
+      );
       socket.destroy();
       return;
     }

@@ -464,6 +464,8 @@ static Napi::Value serve_rpc_fd(const Napi::CallbackInfo & info) {
     if (outcome.ended == "refused") {
         out.Set("refusedCommand", outcome.command);
     }
+    // 0 with ended "client": the client left (or its connection broke) before its HELLO was answered.
+    out.Set("messages", Napi::Number::New(env, (double) outcome.messages));
     out.Set("refusals", Napi::Number::New(env, (double) outcome.refusals));
     out.Set("allocDenied", Napi::Number::New(env, (double) outcome.alloc_denied));
     out.Set("allocBytesPeak", Napi::Number::New(env, (double) outcome.alloc_bytes_peak));
