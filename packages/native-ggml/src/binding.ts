@@ -206,6 +206,8 @@ export interface NativeServeSummary {
   refusedCommand?: string;
   /** Messages refused, the session-ending one and denied allocations included. */
   refusals: number;
+  /** Client messages the guard relayed or answered, HELLO included: 0 means no HELLO was answered. */
+  messages: number;
   /** ALLOC_BUFFER requests answered as failed because of maxAllocBytes or maxBuffers. */
   allocDenied: number;
   /** Most bytes the session's live buffers held at once. */
