@@ -9,6 +9,18 @@ import { spawnEngine } from './combine-helpers.js';
 import { engineWith, waitFor } from './helpers.js';
 
 /** Bytes on the peer when every layer and the output are remote: all but the token embeddings. */
+/**
+ * True once a session ended since `served` and none is running or queued: a head opens probe
+ * sessions beside its loading one, and the first probe to end must not stand for the load's total.
+ */
+function sessionsEnded(
+  peer: { port?: { stats(): { rpc: { served: number; active: number; queued: number } } } },
+  served: number,
+): boolean {
+  const s = peer.port!.stats().rpc;
+  return s.served > served && s.active === 0 && s.queued === 0;
+}
+
 function wideShareBytes(): number {
   const h = synthHparams('llama', 'small-wide');
   const layer = (4 * h.nEmbd * h.nEmbd + 3 * h.nEmbd * h.nFf) * 2 + 2 * h.nEmbd * 4;
@@ -61,7 +73,7 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
     expect(head.log()).toMatch(/indexed .*wide\.gguf \((16 tensors|already)\)/);
     await open.pop()!.close();
     // Session totals are added when a session ends: the head's went with its exit.
-    await waitFor(async () => peer.port!.stats().rpc.served > before.served, 10_000);
+    await waitFor(async () => sessionsEnded(peer, before.served), 10_000);
     const sent = peer.port!.stats().rpc.setTensorBytes - before.setTensorBytes;
     const share = wideShareBytes();
     console.log(
@@ -92,7 +104,7 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
       head.child.once('exit', () => resolve());
       head.child.kill('SIGTERM');
     });
-    await waitFor(async () => peer.port!.stats().rpc.served > before.served, 10_000);
+    await waitFor(async () => sessionsEnded(peer, before.served), 10_000);
     const sent = peer.port!.stats().rpc.setTensorBytes - before.setTensorBytes;
     console.log(
       `run-time rpc_weights refused: ${sent} weight bytes on the wire for a ${wideShareBytes()}-byte share`,
