@@ -139,7 +139,11 @@ describe('COMBINE between two engines through the peer merged port', () => {
     expect(out.tokens).toBe(12);
     await head.close();
     // Session totals are added when a session ends: the head's went with its close.
-    await waitFor(async () => peer.port!.stats().rpc.served > before.served + 0, 10_000);
+    // ...and every session of it (probes end first) before the bytes are read.
+    await waitFor(async () => {
+      const s = peer.port!.stats().rpc;
+      return s.served > before.served && s.active === 0 && s.queued === 0;
+    }, 10_000);
     const sent = peer.port!.stats().rpc.setTensorBytes - before.setTensorBytes;
     const share = wideShareBytes();
     console.log(
