@@ -210,7 +210,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       maxHydraSessions: s.hydraMaxSessions,
       maxHydraSessionsPerSource: s.hydraMaxSessionsPerSource,
       idleTimeoutMs: s.hydraIdleTimeoutMs,
-      logger: { info, warn, error: (m: string) => logger.error(m) },
+      logger: { debug: (m: string) => logger.debug(m), info, warn, error: (m: string) => logger.error(m) },
     });
     port.handle('HELLO', () => ({
       protocol: 1,

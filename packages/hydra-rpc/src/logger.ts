@@ -1,5 +1,7 @@
 /** Where the port writes its log lines; `console` fits. */
 export interface Logger {
+  /** Routine lines (a probe session that ran no command); `info` when absent. */
+  debug?(message: string, fields?: Record<string, unknown>): void;
   info(message: string, fields?: Record<string, unknown>): void;
   warn(message: string, fields?: Record<string, unknown>): void;
   error(message: string, fields?: Record<string, unknown>): void;

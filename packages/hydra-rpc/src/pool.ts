@@ -417,8 +417,11 @@ export class RpcPool {
       `hydra-rpc: ggml-RPC session for ${running.job.label} ended (${ended}) ` +
       `${noHello ? 'before its HELLO was answered' : `after ${num(answered)} messages`}, ${sessionContext(host, running)}: ` +
       `${num(r.commands)} commands, ${num(r.bytesIn)} bytes in, ${num(r.bytesOut)} bytes out`;
-    if (noHello) this.#config.logger.warn(line);
-    else this.#config.logger.info(line);
+    const logger = this.#config.logger;
+    if (noHello) logger.warn(line);
+    // A head's liveness probe every second would otherwise put a line a second in every peer's log.
+    else if (r.commands === 0 && logger.debug) logger.debug(line);
+    else logger.info(line);
   }
 
   #onExit(host: Host, code: number | null, signal: NodeJS.Signals | null): void {
