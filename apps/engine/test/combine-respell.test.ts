@@ -11,7 +11,10 @@ afterAll(async () => {
 });
 
 it("maps a rejoined peer's old device and buffer type names to its new ones in devices and overrides", async () => {
-  const peer = await engineWith(['--rpc-port', String(await freeLoopbackPort())]);
+  // The peer stays up while the head marks it lost, so every registration's session stays open
+  // beside the next one's probes: room for them all (the default lets one source run 3 at once,
+  // and a fourth waits for a new host process, slow on a loaded 2-core machine).
+  const peer = await engineWith(['--rpc-port', String(await freeLoopbackPort()), '--rpc-pool-size', '8']);
   engines.push(peer);
   const endpoint = `127.0.0.1:${peer.rpcPort}`;
   const first = await registerPeer(endpoint);
