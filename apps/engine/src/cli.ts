@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { dirname, join } from 'node:path';
+import { exitNow } from '@hydra-engine/native-ggml';
 import { runRpcHost } from '@hydra-engine/native-ggml/rpc-host';
 import { runSynthCli } from '@hydra-engine/native-ggml/synth';
 import { parseServeArgs, usage } from './args.js';
@@ -58,7 +59,8 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
     const stop = (signal: string) => {
       if (stopping) {
         log.warn(`hydra-engine: second ${signal}, exiting now`, { event: 'exit', signal });
-        process.exit(1);
+        // A decode may be running on a worker thread: process.exit() would tear ggml down under it.
+        exitNow(1);
       }
       stopping = true;
       const timeoutS = args.settings.shutdownTimeoutS;
@@ -71,7 +73,7 @@ export async function main(argv: readonly string[], startOptions: StartOptions =
         () => process.exit(0),
         (err) => {
           log.error(`hydra-engine: shutdown failed: ${(err as Error).message}`, { event: 'shutdown_failed' });
-          process.exit(1);
+          exitNow(1);
         },
       );
     };

@@ -40,8 +40,8 @@ async function start(extra: string[]) {
   child.stderr!.on('data', (d) => {
     log += d;
   });
-  const exited = new Promise<{ code: number | null; at: number }>((resolve) =>
-    child.on('exit', (code) => resolve({ code, at: performance.now() })),
+  const exited = new Promise<{ code: number | null; signal: string | null; at: number }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal, at: performance.now() })),
   );
   const url = `http://127.0.0.1:${port}`;
   await waitFor(async () => {
@@ -126,7 +126,7 @@ describe('SIGTERM', () => {
     const t0 = performance.now();
     e.child.kill('SIGTERM');
     const exit = await e.exited;
-    expect(exit.code).toBe(1);
+    expect(exit.code, `signal ${exit.signal}\n${e.log()}`).toBe(1);
     expect(exit.at - t0).toBeLessThan(2000);
     expect(e.log()).toMatch(/second SIGTERM, exiting now/);
     await cut;

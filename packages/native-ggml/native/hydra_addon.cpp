@@ -8,6 +8,7 @@
 #include "ggml-rpc.h"
 #include "llama-ext.h"  // llama_get_memory_breakdown: what llama.cpp allocated, per buffer type
 
+#include <unistd.h>
 #include <algorithm>
 
 #include <cctype>
@@ -189,6 +190,15 @@ Napi::Object device_describe(Napi::Env env, ggml_backend_dev_t dev) {  // shared
 
 // ---------------------------------------------------------------------------------------------
 // process setup and devices
+
+// exit() runs static destructors (ggml's backends, thread pools) while a decode may still be running
+// on a worker thread, which crashes the process instead of exiting with the code asked for; the
+// caller has already written what it had to say.
+static Napi::Value exit_now(const Napi::CallbackInfo & info) {
+    fflush(stdout);
+    fflush(stderr);
+    _exit(info[0].ToNumber().Int32Value());
+}
 
 static Napi::Value backend_init(const Napi::CallbackInfo & info) {
     static std::once_flag once;
@@ -1931,6 +1941,7 @@ static Napi::Value state_seq_set(const Napi::CallbackInfo & info) {
 
 static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("backendInit", Napi::Function::New(env, backend_init));
+    exports.Set("exitNow", Napi::Function::New(env, exit_now));
     exports.Set("devicesList", Napi::Function::New(env, devices_list));
     exports.Set("devicesDescribe", Napi::Function::New(env, devices_describe));
     exports.Set("rpcServerAdd", Napi::Function::New(env, rpc_server_add));

@@ -223,6 +223,8 @@ export interface NativeBinding {
     supportsMmap: boolean;
     maxDevices: number;
   };
+  /** _exit(code): no static destructors, so a decode running on another thread cannot crash the exit. */
+  exitNow(code: number): never;
   devicesList(): NativeDevice[];
   /** The named devices (memory included) described on a detached thread; see devicesDescribe in hydra_addon.cpp. */
   devicesDescribe(names: string[]): Promise<NativeDevice[]>;

@@ -840,6 +840,15 @@ export function detachFd(fd: number): number {
   return call(() => native().detachFd(fd));
 }
 
+/**
+ * Ends the process at once with `code`, without running static destructors: `process.exit()` while a
+ * decode is in flight on a worker thread tears ggml's backends down under it (SIGSEGV). Write
+ * (synchronously) whatever must be said before calling it.
+ */
+export function exitNow(code: number): never {
+  return native().exitNow(code);
+}
+
 export function closeFd(fd: number): void {
   native().fdClose(fd);
 }

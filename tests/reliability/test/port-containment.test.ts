@@ -180,6 +180,13 @@ describe('Hydra session caps and half-close', () => {
     };
     expect(open).toBeLessThanOrEqual(128);
     for (const s of idle) s.destroy();
+    // The next test connects from 127.0.0.1 again: it must not race the engine's count of these
+    // closes against the per-source session cap.
+    await waitFor(
+      async () => (await metrics(eng.url)).get('hydra_hydra_sessions_active') === 0,
+      10_000,
+      'idle Hydra sessions counted closed',
+    );
   }, 60_000);
 
   it('a Hydra client that half-closes right after its request gets the answer', async () => {
