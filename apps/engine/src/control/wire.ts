@@ -31,6 +31,7 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
     applied,
     applied_sources: sources,
     deferred_keys: c.deferredKeys,
+    holds: engine.holders,
     drain_timeout_ms: c.drainTimeoutMs,
     slots: {
       total: engine.slots.total,

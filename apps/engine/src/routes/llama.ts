@@ -9,6 +9,7 @@ import { renderJinjaChat } from '../chat.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
 import { HydraError } from '../errors.js';
 import { REFUSED_FIELDS } from '../request-params.js';
+import type { RouteModule } from './plumbing.js';
 import { decodeSlotFile, encodeSlotFile, type ModelFingerprint, validSlotFilename } from './slot-file.js';
 
 export interface LlamaRouteOptions {
@@ -478,3 +479,30 @@ export class LlamaRoutes {
     };
   }
 }
+
+export const llamaRoutes: RouteModule = (ctx) => {
+  const o = ctx.opts;
+  const routes = new LlamaRoutes({
+    engine: ctx.engine,
+    bodies: ctx.bodies,
+    modelId: () => ctx.modelName(),
+    ...(o.slotSavePath !== undefined ? { slotSavePath: o.slotSavePath } : {}),
+    slotsEndpoint: o.slotsEndpoint ?? true,
+    readBody: (req) => ctx.readBody(req),
+    promptByteLimit: () => ctx.promptByteLimit(),
+    messageLimit: () => ctx.messageLimit(),
+    build: o.build ?? 'hydra-engine',
+    ...(o.chatTemplate !== undefined ? { chatTemplate: o.chatTemplate } : {}),
+    jinja: o.jinja ?? true,
+    ...(o.reasoningFormat !== undefined ? { reasoningFormat: o.reasoningFormat } : {}),
+    ...(o.chatTemplateKwargs !== undefined ? { chatTemplateKwargs: o.chatTemplateKwargs } : {}),
+  });
+  return (req, res, url, path) =>
+    routes.handle(
+      req,
+      url,
+      path,
+      (status, body) => ctx.send(res, status, body),
+      () => ctx.methodNotAllowed(req, res),
+    );
+};
