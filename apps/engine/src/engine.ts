@@ -176,13 +176,26 @@ export class Engine {
     return this.#runtime.reconfigure(rebuild);
   }
 
-  /** Stops admitting queued requests (running ones continue) until {@link resume}. */
-  hold(): void {
-    this.#scheduler.hold();
+  /**
+   * Stops admitting queued requests (running ones continue) until every holder released.
+   * @param reason names the holder in {@link holders} (and STATUS `holds`).
+   * @returns this holder's release: it resumes admission once no other holder is left; a second
+   *   call is a no-op.
+   */
+  hold(reason: string): () => void {
+    const release = this.#scheduler.hold(reason);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      release();
+      this.#scheduler.kick();
+    };
   }
 
-  resume(): void {
-    this.#scheduler.resume();
+  /** Who holds admission now, by reason, oldest first. */
+  get holders(): { reason: string; held_ms: number }[] {
+    return this.#scheduler.holders;
   }
 
   /** Ends every running request with `err`; queued requests stay queued. */

@@ -324,7 +324,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
       if (timedOut) {
         ended = engine.slots.busy;
         // Queued requests must not take the slots the ended ones free.
-        engine.hold();
+        engine.hold('shutdown timeout');
         engine.endRunning(
           new HydraError(
             'HYDRA_ERR_SHUTTING_DOWN',

@@ -149,12 +149,12 @@ describe('chunked prefill', () => {
     const mark = (i: number) => () => {
       firstAt[i] ??= performance.now();
     };
-    eng.engine.hold();
+    const release = eng.engine.hold('test: admit both together');
     const both = Promise.all([
       eng.engine.submit(long, greedy(6), { onToken: mark(0) }),
       eng.engine.submit(other, greedy(6), { onToken: mark(1) }),
     ]);
-    eng.engine.resume();
+    release();
     const [a, b] = await both;
     // The first admitted prompt takes the whole budget until it is in: it samples first.
     expect(firstAt[0]!).toBeLessThan(firstAt[1]!);

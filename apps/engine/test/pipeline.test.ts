@@ -108,12 +108,12 @@ describe('pipelined decode loop', () => {
     const run = (eng: Eng) => {
       const prompts = ['the long day', 'people who could write'].map((p) => eng.engine.tokenize(p));
       // Admitted together (held while both are queued): both prompts go into the same first step.
-      eng.engine.hold();
+      const release = eng.engine.hold('test: admit both together');
       const both = Promise.all([
         eng.engine.submit(prompts[0]!, greedy(4)),
         eng.engine.submit(prompts[1]!, greedy(12)),
       ]);
-      eng.engine.resume();
+      release();
       return both;
     };
     const before = piped.engine.counters.decodeStepsAhead;

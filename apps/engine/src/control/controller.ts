@@ -210,7 +210,8 @@ export class Controller {
   #policy: DeferralPolicy;
   #chain: Promise<void> = Promise.resolve();
   #timer: NodeJS.Timeout | undefined;
-  #drainHeld = false;
+  /** The drain's hold of admission (past the drain timeout), until the waiting changes are applied or withdrawn. */
+  #drainRelease: (() => void) | undefined;
   #appliedWaiters: (() => void)[] = [];
   readonly #snapshots = new Map<number, Snapshot>();
   readonly #uploads = new Map<number, Upload>();
@@ -552,10 +553,7 @@ export class Controller {
   #carry(d: Decision, deferred = true): Promise<void> {
     if (d.endRunning) {
       // Past the drain deadline: admit nothing new, end what runs; queued requests wait.
-      if (!this.#drainHeld) {
-        this.#drainHeld = true;
-        this.engine.hold();
-      }
+      this.#drainRelease ??= this.engine.hold('drain timeout');
       this.engine.endRunning(
         new HydraError(
           'HYDRA_ERR_DRAIN_TIMEOUT',
@@ -565,10 +563,10 @@ export class Controller {
     }
     this.#arm();
     if (d.apply.length === 0) {
-      if (this.#drainHeld && !this.#policy.draining) {
+      if (this.#drainRelease && !this.#policy.draining) {
         // The waiting changes were withdrawn by a later CONFIGURE.
-        this.#drainHeld = false;
-        this.engine.resume();
+        this.#drainRelease();
+        this.#drainRelease = undefined;
       }
       return this.#chain;
     }
@@ -576,9 +574,9 @@ export class Controller {
     const previous = d.apply.map((c) => ({ ...c, from: c.to, to: c.from }));
     engine.layers.record(d.apply);
     // Holding now (synchronously) keeps the next admission off the old context or model.
-    engine.hold();
-    const releaseDrain = this.#drainHeld;
-    this.#drainHeld = false;
+    const release = engine.hold(`${d.rebuild} rebuild of ${d.apply.map((c) => c.key).join(', ')}`);
+    const releaseDrain = this.#drainRelease;
+    this.#drainRelease = undefined;
     const run = async () => {
       try {
         await this.#rebuild(d.rebuild);
@@ -593,8 +591,8 @@ export class Controller {
         this.#failed(d, err, deferred);
         throw err;
       } finally {
-        engine.resume();
-        if (releaseDrain) engine.resume();
+        release();
+        releaseDrain?.();
         for (const w of this.#appliedWaiters.splice(0)) w();
       }
     };

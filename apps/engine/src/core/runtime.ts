@@ -372,11 +372,11 @@ export class Runtime {
   async #unload(keepQueue = false): Promise<void> {
     if (!keepQueue)
       this.#scheduler.rejectQueued(new HydraError('HYDRA_ERR_NO_MODEL', 'the model was unloaded'));
-    this.#scheduler.hold();
+    const release = this.#scheduler.hold('unload');
     try {
       await this.#scheduler.whenIdle();
     } finally {
-      this.#scheduler.unhold();
+      release();
     }
     await this.#scheduler.whenIdle();
     await this.#freeAll();
@@ -417,7 +417,7 @@ export class Runtime {
         checkContext(facts, cfg, await freshDevices(), built ? { facts, cfg: built.cfg } : undefined);
       }
       // New requests queue (not rejected) while the context is rebuilt.
-      this.#scheduler.hold();
+      const release = this.#scheduler.hold('context rebuild');
       try {
         await this.#scheduler.whenIdle();
         try {
@@ -450,7 +450,7 @@ export class Runtime {
           this.#lastError = undefined;
         }
       } finally {
-        this.#scheduler.unhold();
+        release();
       }
     }
     this.#epoch += 1;

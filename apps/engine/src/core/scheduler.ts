@@ -119,7 +119,9 @@ export class Scheduler {
   #cache: Int32Array[] = [];
   /** Per slot: the guess tally of its running or last speculated request. */
   #specTally: (SpecTally | undefined)[] = [];
-  #held = 0;
+  /** Who holds admission (see {@link hold}), by token, with the reason and since when. */
+  readonly #holders = new Map<number, { reason: string; since: number }>();
+  #holdSeq = 0;
   /** Bumped when the attached pair is abandoned: a decode loop of an older generation stops. */
   #gen = 0;
   #decodeSince: number | undefined;
@@ -144,7 +146,12 @@ export class Scheduler {
     return this.#ctx;
   }
   get held(): boolean {
-    return this.#held > 0;
+    return this.#holders.size > 0;
+  }
+  /** The current holders of admission, oldest first (a forgotten release shows here). */
+  get holders(): { reason: string; held_ms: number }[] {
+    const now = performance.now();
+    return [...this.#holders.values()].map((h) => ({ reason: h.reason, held_ms: Math.round(now - h.since) }));
   }
   get nSlots(): number {
     return this.#slots.length;
@@ -298,19 +305,17 @@ export class Scheduler {
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
 
-  /** Stops admitting queued requests (running ones continue) until {@link resume}. */
-  hold(): void {
-    this.#held += 1;
-  }
-
-  resume(): void {
-    this.unhold();
-    this.kick();
-  }
-
-  /** Ends one {@link hold} without starting the loop (the caller starts it when it is ready). */
-  unhold(): void {
-    if (this.#held > 0) this.#held -= 1;
+  /**
+   * Stops admitting queued requests (running ones continue) until every holder released. Each
+   * holder gets its own release: calling it again is a no-op, so one holder can never end
+   * another's hold. Releasing does not start the loop ({@link kick} does, once the caller is ready).
+   */
+  hold(reason: string): () => void {
+    const token = ++this.#holdSeq;
+    this.#holders.set(token, { reason, since: performance.now() });
+    return () => {
+      this.#holders.delete(token);
+    };
   }
 
   /** Starts the decode loop if it is not running (new work, a new context, a resume). */
@@ -363,7 +368,7 @@ export class Scheduler {
         },
       );
     }
-    const freeSlot = this.#held === 0 && this.#slots.some((s) => !s);
+    const freeSlot = this.#holders.size === 0 && this.#slots.some((s) => !s);
     if (!freeSlot && this.#queue.length >= this.#maxQueue) {
       this.#counters.rejectedQueueFull += 1;
       throw new HydraError(
@@ -430,7 +435,7 @@ export class Scheduler {
   }
 
   #admit(): void {
-    if (this.#held > 0) return;
+    if (this.#holders.size > 0) return;
     const model = this.#model!;
     const ctx = this.#ctx!;
     let changed = false;
@@ -502,7 +507,7 @@ export class Scheduler {
           this.#admit();
           const next = this.#assemble();
           if (!next) {
-            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#held > 0)) break;
+            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#holders.size > 0)) break;
             continue;
           }
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
@@ -664,7 +669,7 @@ export class Scheduler {
    */
   #chain(step: Step): Step | undefined {
     if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0) return undefined;
-    if (this.#queue.length > 0 && this.#held === 0 && this.#slots.some((s) => !s)) return undefined;
+    if (this.#queue.length > 0 && this.#holders.size === 0 && this.#slots.some((s) => !s)) return undefined;
     let active = 0;
     for (const s of this.#slots) if (s) active += 1;
     if (active !== step.jobs.length) return undefined;
