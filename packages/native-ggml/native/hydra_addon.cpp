@@ -1977,6 +1977,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("stateSeqSet", Napi::Function::New(env, state_seq_set));
     hydra_rpc_serve_init(env, exports);
     hydra_combine_init(env, exports);
+    hydra_draft_init(env, exports);
     return exports;
 }
 
