@@ -1,5 +1,79 @@
+import type { IncomingMessage } from 'node:http';
 import { Worker } from 'node:worker_threads';
 import { type ErrorCode, HydraError } from './errors.js';
+
+/**
+ * Reads a request body with a size cap (HYDRA_ERR_BODY_TOO_LARGE, a declared content-length
+ * included) and a deadline (HYDRA_ERR_REQUEST_TIMEOUT). A refused body is drained, not read.
+ */
+export function readBody(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > maxBytes) {
+      reject(
+        new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body is ${declared} bytes; the limit is ${maxBytes}`),
+      );
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let done = false;
+    const finish = (err: HydraError | undefined, value?: Buffer) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      if (err) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(err);
+      } else resolve(value as Buffer);
+    };
+    const timer = setTimeout(
+      () =>
+        finish(
+          new HydraError(
+            'HYDRA_ERR_REQUEST_TIMEOUT',
+            `the request body did not arrive within ${timeoutMs} ms`,
+          ),
+        ),
+      timeoutMs,
+    );
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > maxBytes) {
+        finish(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body exceeds the limit of ${maxBytes} bytes`));
+        return;
+      }
+      chunks.push(chunk);
+    });
+    req.on('end', () => finish(undefined, Buffer.concat(chunks)));
+    req.on('error', (err) =>
+      finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)),
+    );
+  });
+}
+
+/**
+ * Reads a body that must be a JSON object (the control routes'); an empty body is `{}`.
+ * Rejects as readBody does, and with HYDRA_ERR_BAD_JSON or HYDRA_ERR_BAD_REQUEST.
+ */
+export async function readJsonObject(
+  req: IncomingMessage,
+  maxBytes: number,
+  timeoutMs: number,
+): Promise<Record<string, unknown>> {
+  const text = (await readBody(req, maxBytes, timeoutMs)).toString('utf8');
+  if (text.trim() === '') return {};
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch (err) {
+    throw new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new HydraError('HYDRA_ERR_BAD_REQUEST', 'the body must be a JSON object');
+  return body as Record<string, unknown>;
+}
 
 /** A completion request body, parsed and checked, with its bulky parts in compact form. */
 export interface PreparedBody {

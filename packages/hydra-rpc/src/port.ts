@@ -201,7 +201,8 @@ export class HydraPort {
       logger: this.#logger,
       stats: { active: 0, opened: 0, requests: 0, errors: {}, readTimeouts: 0, idleTimeouts: 0, refused: 0 },
     };
-    this.handle('PIPELINE_ATTACH', () => {
+    // The one answer to the retired opcode, here so no embedder registers its own.
+    this.#handlers.set(OPCODES.PIPELINE_ATTACH, () => {
       throw new HydraError(
         'HYDRA_ERR_RETIRED',
         'PIPELINE_ATTACH is retired: use CONFIGURE with rpc_servers and tensor_split',
@@ -216,6 +217,8 @@ export class HydraPort {
   handle(name: OpcodeName, handler: HydraHandler): this {
     if (!Object.hasOwn(OPCODES, name))
       throw badOption('handlers', `has an unknown opcode name ${JSON.stringify(name)}`);
+    if (name === 'PIPELINE_ATTACH')
+      throw badOption('handlers.PIPELINE_ATTACH', 'is retired: the port answers it with HYDRA_ERR_RETIRED');
     if (typeof handler !== 'function') throw badOption(`handlers.${name}`, 'must be a function');
     this.#handlers.set(OPCODES[name], handler);
     return this;

@@ -413,6 +413,20 @@ describe('options', () => {
     }
   });
 
+  it('answers the retired PIPELINE_ATTACH itself and takes no handler for it', async () => {
+    const { HydraPort } = await import('../src/index.js');
+    const retired = () => ({ attached: true });
+    expect(() => new HydraPort({ handlers: { PIPELINE_ATTACH: retired } })).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_OPTION', keys: ['handlers.PIPELINE_ATTACH'] }),
+    );
+    const { port, portNumber } = await serve();
+    expect(() => port.handle('PIPELINE_ATTACH', retired)).toThrow(
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_OPTION' }),
+    );
+    const c = await client(portNumber);
+    await expect(c.pipelineAttach()).rejects.toMatchObject({ code: 'HYDRA_ERR_RETIRED' });
+  });
+
   it('serves on a dual-stack socket: ::ffff:127.0.0.1 passes the loopback allowlist', async () => {
     const { port, portNumber } = await serve({ host: '::', handlers: echoHandlers() });
     const reply = await new Promise<Buffer>((resolve, reject) => {

@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Allowlist, type HydraPort, type HydraPortStats } from '@hydra-engine/hydra-rpc';
+import { readJsonObject } from '../body.js';
 import { HydraError, httpStatus } from '../errors.js';
 import type { Controller } from './controller.js';
 
@@ -58,7 +59,10 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
   };
 }
 
-/** Registers every control opcode of protocol.md on the merged port (HELLO stays the caller's). */
+/**
+ * Registers every control opcode of protocol.md on the merged port (HELLO stays the caller's;
+ * the port itself answers the retired PIPELINE_ATTACH).
+ */
 export function registerControl(port: HydraPort, c: Controller): void {
   port.handle('STATUS', () => controlStatus(c, () => port.stats()));
   port.handle('CONFIGURE', (req) => c.configure(req));
@@ -67,12 +71,6 @@ export function registerControl(port: HydraPort, c: Controller): void {
   port.handle('STATE_PUT', (req) => c.statePut(req));
   port.handle('SET_EXPERT_MODE', (req) => c.setExpertMode(req));
   port.handle('SWAP_QUANT', (req) => c.swapQuant(req));
-  port.handle('PIPELINE_ATTACH', () => {
-    throw new HydraError(
-      'HYDRA_ERR_RETIRED',
-      'PIPELINE_ATTACH is retired: use CONFIGURE with rpc_servers and tensor_split',
-    );
-  });
 }
 
 function reply(res: ServerResponse, status: number, body: unknown): void {
@@ -94,47 +92,6 @@ function fail(res: ServerResponse, err: unknown): void {
       // As the wire carries them (HYDRA_ERR_WONT_FIT's per-device figures, a peer's address).
       ...(e?.details ? { details: e.details } : {}),
     },
-  });
-}
-
-function readBody(
-  req: IncomingMessage,
-  maxBytes: number,
-  timeoutMs: number,
-): Promise<Record<string, unknown>> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const timer = setTimeout(() => {
-      req.destroy();
-      reject(new HydraError('HYDRA_ERR_REQUEST_TIMEOUT', `the body did not arrive within ${timeoutMs} ms`));
-    }, timeoutMs);
-    req.on('data', (d: Buffer) => {
-      size += d.length;
-      if (size > maxBytes) {
-        clearTimeout(timer);
-        req.destroy();
-        reject(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body exceeds ${maxBytes} bytes`));
-      } else chunks.push(d);
-    });
-    req.on('end', () => {
-      clearTimeout(timer);
-      const text = Buffer.concat(chunks).toString('utf8');
-      let body: unknown;
-      try {
-        body = text.trim() === '' ? {} : JSON.parse(text);
-      } catch (err) {
-        reject(new HydraError('HYDRA_ERR_BAD_JSON', `the body is not valid JSON: ${(err as Error).message}`));
-        return;
-      }
-      if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-        reject(new HydraError('HYDRA_ERR_BAD_REQUEST', 'the body must be a JSON object'));
-      } else resolve(body as Record<string, unknown>);
-    });
-    req.on('error', (err) => {
-      clearTimeout(timer);
-      reject(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`));
-    });
   });
 }
 
@@ -186,7 +143,7 @@ export function controlRoutes(
         req.resume();
         throw new HydraError('HYDRA_ERR_METHOD_NOT_ALLOWED', 'use POST');
       }
-      const body = await readBody(req, options.maxBodyBytes, options.bodyTimeoutMs);
+      const body = await readJsonObject(req, options.maxBodyBytes, options.bodyTimeoutMs);
       reply(res, 200, { success: true, ...(await handler(body)) });
     } catch (err) {
       fail(res, err);
