@@ -1563,8 +1563,38 @@ public:
     Napi::Promise promise() { return deferred.Promise(); }
 
     // Runner thread.
+    // n_probs > 0: the sampled token's probability and the n_probs most likely candidates, as
+    // llama-server's populate_token_probs computes them (softmax over the whole vocabulary, or the
+    // chain's candidates after sampling when post_sampling).
+    int32_t n_probs = 0;
+    bool post_sampling = false;
+    float prob = 0.0f;
+    std::vector<llama_token> top_ids;
+    std::vector<float> top_probs;
     void execute() {
         step();
+// get_token_probabilities (tools/server/server-common.cpp): every token's softmax probability,
+// the n_top most likely first.
+static std::vector<llama_token_data> hydra_token_probs(const float * logits, int32_t n_vocab, size_t n_top) {
+    std::vector<llama_token_data> cur(n_vocab);
+    for (llama_token t = 0; t < n_vocab; t++) {
+        cur[t] = llama_token_data{t, logits[t], 0.0f};
+    }
+    n_top = std::min(n_top, cur.size());
+    std::partial_sort(cur.begin(), cur.begin() + n_top, cur.end(),
+                      [](const llama_token_data & a, const llama_token_data & b) { return a.logit > b.logit; });
+    float max_l = cur[0].logit;
+    float cum_sum = 0.0f;
+    for (llama_token_data & t : cur) {
+        t.p = expf(t.logit - max_l);
+        cum_sum += t.p;
+    }
+    for (llama_token_data & t : cur) {
+        t.p /= cum_sum;
+    }
+    return cur;
+}
+
         // A sequence whose step failed has nothing to follow: a queued `follow` step fails clearly
         // instead of feeding a stale token.
         for (const decode_entry & e : entries) {
@@ -1603,7 +1633,9 @@ public:
             }
             // The device samples a draft's positions independently, right for a chain without state
             // only; a stateful one samples them on the host in turn.
-            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits &&
+            // Probabilities need the logits or the chain's candidates on the host (llama-server
+            // turns on-device sampling off for pre-sampling probabilities too).
+            bool want_backend = c->backend_sampling && e.sampler != nullptr && !e.want_logits && e.n_probs == 0 &&
                                 (e.n_draft == 0 || (e.sampler->stateless && e.n_draft + 1 <= c->outputs_per_seq));
             if (!want_backend) {
                 if (a.clone != nullptr) {
@@ -1725,6 +1757,10 @@ public:
                         // penalties, top-k, ...) on the device; the attached clone knows which
                         // stages ran, so it samples the rest. The original chain would apply that
                         // prefix a second time (a bias or a penalty counted twice).
+                } else if (e.sampler != nullptr && e.n_probs > 0) {
+                    if (!sample_with_probs(e, i, n_vocab)) {
+                        return;
+                    }
                         e.sampled = llama_sampler_sample(on_device ? on_device : e.sampler->chain, c->ctx, i);
                     }
                 }
@@ -1745,6 +1781,70 @@ private:
                 memcpy(row.Data(), entries[i].logits.data(), entries[i].logits.size() * sizeof(float));
                 logits.Set((uint32_t) i, row);
             } else {
+
+    // Samples entry `e` on the host (no chain is attached to its sequence) and fills its
+    // probabilities as llama-server's populate_token_probs does.
+    bool sample_with_probs(decode_entry & e, int32_t i, int32_t n_vocab) {
+        const float * logits = llama_get_logits_ith(c->ctx, i);
+        llama_sampler * chain = e.sampler->chain;
+        const size_t n_top = std::min((size_t) e.n_probs, (size_t) n_vocab);
+        if (!e.post_sampling) {
+            std::vector<llama_token_data> cur = hydra_token_probs(logits, n_vocab, n_top);
+            e.sampled = llama_sampler_sample(chain, c->ctx, i);
+            for (const llama_token_data & t : cur) {
+                if (t.id == e.sampled) {
+                    e.prob = t.p;
+                    break;
+                }
+            }
+            for (size_t k = 0; k < n_top; k++) {
+                e.top_ids.push_back(cur[k].id);
+                e.top_probs.push_back(cur[k].p);
+            }
+            return true;
+        }
+        // llama_sampler_sample's host path, keeping the candidates it leaves.
+        std::vector<llama_token_data> cur(n_vocab);
+        for (llama_token t = 0; t < n_vocab; t++) {
+            cur[t] = llama_token_data{t, logits[t], 0.0f};
+        }
+        llama_token_data_array cur_p = {cur.data(), cur.size(), -1, false};
+        llama_sampler_apply(chain, &cur_p);
+        if (cur_p.selected < 0 || cur_p.selected >= (int64_t) cur_p.size) {
+            SetError("seq " + std::to_string(e.seq) + ": the sampler chain selected no token");
+            return false;
+        }
+        e.sampled = cur_p.data[cur_p.selected].id;
+        llama_sampler_accept(chain, e.sampled);
+        // Our greedy stage stands for upstream's temperature 0 followed by dist, which leaves the top
+        // token with probability 1 and every other 0; greedy itself computes none.
+        const int n_stages = llama_sampler_chain_n(chain);
+        if (n_stages > 0 && strcmp(llama_sampler_name(llama_sampler_chain_get(chain, n_stages - 1)), "greedy") == 0) {
+            for (size_t k = 0; k < cur_p.size; k++) {
+                cur_p.data[k].p = (int64_t) k == cur_p.selected ? 1.0f : 0.0f;
+            }
+        }
+        // common_sampler_get_candidates(do_sort = true)
+        if (!cur_p.sorted) {
+            std::sort(cur_p.data, cur_p.data + cur_p.size,
+                      [](const llama_token_data & a, const llama_token_data & b) { return a.p > b.p; });
+        }
+        for (size_t k = 0; k < cur_p.size; k++) {
+            if (cur_p.data[k].id == e.sampled) {
+                e.prob = cur_p.data[k].p;
+                break;
+            }
+        }
+        for (size_t k = 0; k < std::min(n_top, cur_p.size); k++) {
+            // As upstream: some stages leave zeros, others drop the token; both end the list.
+            if (cur_p.data[k].p == 0.0f) {
+                break;
+            }
+            e.top_ids.push_back(cur_p.data[k].id);
+            e.top_probs.push_back(cur_p.data[k].p);
+        }
+        return true;
+    }
                 logits.Set((uint32_t) i, env.Null());
             }
         }
@@ -1779,6 +1879,30 @@ private:
     int32_t status = 0;
 };
 
+        bool probed = false;
+        for (const decode_entry & e : entries) {
+            probed = probed || e.n_probs > 0;
+        }
+        if (probed) {
+            Napi::Array probs = Napi::Array::New(env, entries.size());
+            for (size_t i = 0; i < entries.size(); i++) {
+                const decode_entry & e = entries[i];
+                if (e.n_probs == 0) {
+                    probs.Set((uint32_t) i, env.Null());
+                    continue;
+                }
+                Napi::Object o = Napi::Object::New(env);
+                o.Set("prob", Napi::Number::New(env, e.prob));
+                Napi::Int32Array ids = Napi::Int32Array::New(env, e.top_ids.size());
+                memcpy(ids.Data(), e.top_ids.data(), e.top_ids.size() * sizeof(llama_token));
+                Napi::Float32Array ps = Napi::Float32Array::New(env, e.top_probs.size());
+                memcpy(ps.Data(), e.top_probs.data(), e.top_probs.size() * sizeof(float));
+                o.Set("ids", ids);
+                o.Set("probs", ps);
+                probs.Set((uint32_t) i, o);
+            }
+            out.Set("probs", probs);
+        }
 // An operation that needs the context alone: no other one running, no decode step queued.
 static void context_claim(Napi::Env env, hydra_context * c) {
     bool expected = false;
@@ -1787,7 +1911,8 @@ static void context_claim(Napi::Env env, hydra_context * c) {
     }
 }
 
-// decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?}]) -> {tokens: Int32Array, logits}
+// decodeStep(ctx, [{seq, pos, tokens: Int32Array, sampler?, logits?, draft?, probs?, postSampling?}])
+//   -> {tokens: Int32Array, logits, runs?, probs?}
 static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
@@ -1833,7 +1958,16 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     if (c->busy.load()) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy with another operation");
     }
+        double n_probs = arg_number(o, "probs", 0);
+        if (!(n_probs >= 0 && n_probs <= (1 << 20) && n_probs == std::floor(n_probs)) || (n_probs > 0 && e.sampler == nullptr)) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry's probs must be an integer in 0..1048576, and above 0 it needs a sampler");
+        }
+        e.n_probs = (int32_t) n_probs;
+        e.post_sampling = arg_bool(o, "postSampling", false);
     auto * job = new decode_job(env, c, std::move(entries), std::move(refs));
+        if (e.n_draft != 0 && e.n_probs > 0) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N cannot ask for probs (llama-server reports none for drafted tokens)");
+        }
     Napi::Promise p = job->promise();
     if (c->pending++ == 0) {
         c->done.Ref(env);

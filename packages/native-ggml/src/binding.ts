@@ -187,6 +187,16 @@ export interface NativeServeLimits {
   /** Between messages while the session holds no buffer (default 60000; 0: never). */
   idleTimeoutMs?: number;
 }
+  /** Report this many most likely tokens (see DecodeCommon.probs). */
+  probs?: number;
+  postSampling?: boolean;
+}
+
+/** One sampled token's probabilities (see DecodeResult.probs). */
+export interface NativeTokenProbs {
+  prob: number;
+  ids: Int32Array;
+  probs: Float32Array;
 
 export interface NativeServeSummary {
   commands: number;
@@ -308,7 +318,12 @@ export interface NativeBinding {
   decodeStep(
     ctx: ContextHandle,
     entries: NativeDecodeEntry[],
-  ): Promise<{ tokens: Int32Array; logits: (Float32Array | null)[]; runs?: (Int32Array | null)[] }>;
+  ): Promise<{
+    tokens: Int32Array;
+    logits: (Float32Array | null)[];
+    runs?: (Int32Array | null)[];
+    probs?: (NativeTokenProbs | null)[];
+  }>;
   memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
   memorySeqPosMax(ctx: ContextHandle, seq: number): number;

@@ -684,6 +684,14 @@ export interface DecodeTokens extends DecodeCommon {
   /**
    * The last `draft` tokens are guesses (speculative decoding; needs a sampler, no `logits`, at
    * most n_batch tokens). The sampler runs after each of the last `draft + 1` positions in turn and
+  /**
+   * Report the sampled token's probability and the `probs` most likely tokens (needs a sampler, no
+   * `draft`), as llama-server's `n_probs`: a softmax over the whole vocabulary, or with
+   * `postSampling` the candidates the chain leaves (zero-probability ones dropped). Such an entry
+   * samples on the host.
+   */
+  probs?: number;
+  postSampling?: boolean;
    * stops at the first sample that differs from the next guess: the step's `runs` entry holds those
    * samples (1 to draft + 1), `tokens` the last. The KV keeps every position fed; the caller
    * removes those after the accepted guesses.
@@ -706,6 +714,20 @@ export interface DecodeResult {
  */
 export interface DecodeFollow extends DecodeCommon {
   follow: true;
+  /**
+   * Present when an entry asked for `probs`: per entry (null for entries without) the sampled
+   * token's probability and the most likely tokens, most likely first.
+   */
+  probs?: (TokenProbs | null)[];
+}
+
+/** One sampled token's probabilities ({@link DecodeCommon.probs}). */
+export interface TokenProbs {
+  /** Probability of the sampled token. */
+  prob: number;
+  /** Token ids, most likely first, and their probabilities. */
+  ids: Int32Array;
+  probs: Float32Array;
   sampler: Sampler;
 }
 
@@ -784,6 +806,7 @@ export class Context {
     let run: Promise<DecodeResult>;
     try {
       run = step();
+      ...(e.probs ? { probs: e.probs, postSampling: e.postSampling === true } : {}),
     } catch (err) {
       return Promise.reject(err).catch(rethrow);
     }
