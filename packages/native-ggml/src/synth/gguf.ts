@@ -1,40 +1,28 @@
 // GGUF v3 encoding (ggml/src/gguf.cpp is the reference): a header of key/value pairs and tensor
 // infos, padded to `general.alignment`, then each tensor's bytes, each padded to the alignment.
 
+import { type GgmlTypeInfo, GgufType, ggmlTypeById } from '@hydra-engine/resolver';
+
 export const GGUF_MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
 export const GGUF_VERSION = 3;
 export const GGUF_ALIGNMENT = 32;
 
-/** gguf_type: the type tag of a metadata value. */
-export const GgufValueType = {
-  UINT8: 0,
-  INT8: 1,
-  UINT16: 2,
-  INT16: 3,
-  UINT32: 4,
-  INT32: 5,
-  FLOAT32: 6,
-  BOOL: 7,
-  STRING: 8,
-  ARRAY: 9,
-  UINT64: 10,
-  INT64: 11,
-  FLOAT64: 12,
-} as const;
+/** gguf_type: the type tag of a metadata value (the reader's table in resolver). */
+export const GgufValueType = GgufType;
 
 /** ggml_type ids of the tensor types the generator writes. */
 export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8 } as const;
 export type GgmlTypeId = (typeof GgmlType)[keyof typeof GgmlType];
 
-/** ggml type traits (ggml.c type_traits): elements per block and bytes per block. */
-export const GGML_TYPE_TRAITS: Readonly<
-  Record<GgmlTypeId, { name: string; blockSize: number; typeSize: number }>
-> = {
-  [GgmlType.F32]: { name: 'f32', blockSize: 1, typeSize: 4 },
-  [GgmlType.F16]: { name: 'f16', blockSize: 1, typeSize: 2 },
-  [GgmlType.Q4_0]: { name: 'q4_0', blockSize: 32, typeSize: 18 },
-  [GgmlType.Q8_0]: { name: 'q8_0', blockSize: 32, typeSize: 34 },
-};
+/** ggml type traits of those types: elements and bytes per block, from resolver's one table. */
+export const GGML_TYPE_TRAITS: Readonly<Record<GgmlTypeId, GgmlTypeInfo>> = Object.fromEntries(
+  Object.entries(GgmlType).map(([name, id]) => {
+    const info = ggmlTypeById(id);
+    // The writer's names must be the reader's ids, or a written file would not read back.
+    if (info?.name !== name.toLowerCase()) throw new Error(`ggml type ${name} is not id ${id}`);
+    return [id, info];
+  }),
+) as Record<GgmlTypeId, GgmlTypeInfo>;
 
 export type GgufValue =
   | { type: 'u32'; value: number }
