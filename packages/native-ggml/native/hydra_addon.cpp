@@ -1125,6 +1125,9 @@ public:
             std::string why = log_errors_take();
             SetError(why.empty() ? "failed to create the context" : why);
         }
+        // Created with embeddings so its graphs are reserved for them; an embedBatch turns them on
+        // for its own batch only (hydra_embed.cpp), as llama-server does per batch.
+        if (ctx != nullptr && cp.embeddings) llama_set_embeddings(ctx, false);
     }
     void OnOK() override {
         auto * c = new hydra_context();
@@ -1187,6 +1190,14 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
     cp.swa_full = arg_bool(p, "swaFull", cp.swa_full);
     cp.kv_unified = arg_bool(p, "kvUnified", cp.kv_unified);
     cp.no_perf = arg_bool(p, "noPerf", true);
+    cp.embeddings = arg_bool(p, "embeddings", false);
+    std::string pooling = arg_string(p, "poolingType", "unspecified");
+    if (pooling == "none") cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
+    else if (pooling == "mean") cp.pooling_type = LLAMA_POOLING_TYPE_MEAN;
+    else if (pooling == "cls") cp.pooling_type = LLAMA_POOLING_TYPE_CLS;
+    else if (pooling == "last") cp.pooling_type = LLAMA_POOLING_TYPE_LAST;
+    else if (pooling == "rank") cp.pooling_type = LLAMA_POOLING_TYPE_RANK;
+    else if (pooling != "unspecified") hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "poolingType must be unspecified, none, mean, cls, last or rank");
     if (cp.n_batch == 0 || cp.n_ubatch == 0 || cp.n_seq_max == 0 || cp.n_seq_max > llama_max_parallel_sequences()) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "nBatch, nUbatch must be positive and nSeqMax within 1..llama_max_parallel_sequences()");
     }
@@ -2111,6 +2122,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("stateSeqSet", Napi::Function::New(env, state_seq_set));
     hydra_rpc_serve_init(env, exports);
     hydra_combine_init(env, exports);
+    hydra_embed_init(env, exports);
     hydra_draft_init(env, exports);
     return exports;
 }

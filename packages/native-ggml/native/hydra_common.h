@@ -176,6 +176,7 @@ void hydra_abort_callback_install();
 // Registration functions of each source file.
 void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports);
 void hydra_combine_init(Napi::Env env, Napi::Object exports);
+void hydra_embed_init(Napi::Env env, Napi::Object exports);
 void hydra_draft_init(Napi::Env env, Napi::Object exports);  // hydra_draft.cpp: draft-model speculation
 // ggml-RPC hash resolver over the weights index (hydra_combine.cpp), handed to every served session.
 const void * hydra_weights_resolve(void * user_data, uint64_t hash, size_t * size);

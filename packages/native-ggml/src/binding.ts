@@ -87,8 +87,34 @@ export interface NativeContextParams {
   swaFull?: boolean;
   kvUnified?: boolean;
   noPerf?: boolean;
+  /** Create the context for embeddings (llama-server's --embedding); decode steps still run without. */
+  embeddings?: boolean;
+  /** How embeddings are pooled per sequence; unspecified: the model's default. */
+  poolingType?: PoolingType;
   /** Sample on the device where the chain allows (default true): a step returns token ids only. */
   backendSampling?: boolean;
+}
+
+/** llama_pooling_type by name (llama-server's --pooling). */
+export type PoolingType = 'unspecified' | 'none' | 'mean' | 'cls' | 'last' | 'rank';
+
+/** What a context pools and returns, and the pieces of a rerank prompt (embedInfo). */
+export interface NativeEmbedInfo {
+  /** The pooling in force (the model's default resolved); never `unspecified`. */
+  poolingType: Exclude<PoolingType, 'unspecified'>;
+  nEmbdOut: number;
+  /** Scores per sequence with rank pooling. */
+  nClsOut: number;
+  /** The model has a classification head (cls / cls_out tensors) for rank pooling. */
+  hasRankHead: boolean;
+  /** The GGUF's `rerank` template ({query}, {document}), if any. */
+  rerankTemplate: string | null;
+  addBos: boolean;
+  addEos: boolean;
+  addSep: boolean;
+  bos: number;
+  eos: number;
+  sep: number;
 }
 
 /** The sampler stages of common_params_sampling's `samplers` order. */
@@ -328,6 +354,13 @@ export interface NativeBinding {
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
   memorySeqPosMax(ctx: ContextHandle, seq: number): number;
   memoryClear(ctx: ContextHandle): void;
+  /** Evaluates each input in its own sequence in one llama_decode; pooled (normalized) or per-token rows. */
+  embedBatch(
+    ctx: ContextHandle,
+    entries: { seq: number; tokens: Int32Array }[],
+    normalize: number,
+  ): Promise<Float32Array[]>;
+  embedInfo(ctx: ContextHandle): NativeEmbedInfo;
   stateSeqGet(ctx: ContextHandle, seq: number): Promise<Buffer>;
   stateSeqSet(ctx: ContextHandle, seq: number, data: Uint8Array): Promise<number>;
   peekFirstByte(fd: number, timeoutMs: number): Promise<number>;

@@ -9,12 +9,14 @@ import {
   type NativeBinding,
   type NativeContextParams,
   type NativeDevice,
+  type NativeEmbedInfo,
   type NativeModelInfo,
   type NativeModelParams,
   type NativeSamplerParams,
   type NativeServeSummary,
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
+  type PoolingType,
   type SamplerHandle,
   type SamplerStage,
 } from './binding.js';
@@ -25,7 +27,9 @@ export { freeLoopbackPort } from './ports.js';
 export type {
   NativeContextParams as ContextParams,
   NativeDevice as Device,
+  NativeEmbedInfo as EmbedInfo,
   NativeModelInfo as ModelInfo,
+  PoolingType,
   NativeSamplerParams as SamplerParams,
   SamplerStage,
   NativeServeSummary as ServeSummary,
@@ -806,7 +810,7 @@ export class Context {
     let run: Promise<DecodeResult>;
     try {
       run = step();
-      ...(e.probs ? { probs: e.probs, postSampling: e.postSampling === true } : {}),
+      ...(e.probs ? probs: e.probs, postSampling: e.postSampling === true : ),
     } catch (err) {
       return Promise.reject(err).catch(rethrow);
     }
@@ -830,6 +834,22 @@ export class Context {
 
   clear(): void {
     this.#binding.memoryClear(this.#h());
+  }
+
+  /** What the context pools ({@link embed}), and the rerank prompt pieces of its model. */
+  get embedInfo(): NativeEmbedInfo {
+    return this.#binding.embedInfo(this.#h());
+  }
+
+  /**
+   * Embeds each input in its own sequence (emptied before and after) in one llama_decode, with the
+   * context's pooling: one row of `nEmbdOut` per input normalized as llama.cpp's
+   * common_embd_normalize does (`normalize`: -1 none, 0 max-abs int16, 2 euclidean, p: p-norm;
+   * rank pooling: the `nClsOut` scores, never normalized), or with pooling `none` every token's row
+   * (`tokens x nEmbdOut`, not normalized, as llama-server). All inputs together must fit one ubatch.
+   */
+  embed(entries: { seq: number; tokens: Int32Array }[], normalize = 2): Promise<Float32Array[]> {
+    return this.#enqueue(() => this.#binding.embedBatch(this.#h(), entries, normalize));
   }
 
   /** Serialised KV state of one sequence. */

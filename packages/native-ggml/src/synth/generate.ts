@@ -66,6 +66,13 @@ export interface SynthModelOptions {
    * with the generation prompt then accepts the tokens the prompt ends with.
    */
   chat?: 'chatml' | 'tools';
+  /**
+   * `rank`: a Qwen3-style reranker, the decoder arch the pinned loader gives a classification head
+   * (`general.architecture = qwen3`: the dense llama layout plus per-head `attn_q_norm` /
+   * `attn_k_norm`, and a `cls.output.weight` head over the labels yes/no, the loader's cls_out),
+   * for rank pooling. Dense `llama` arch only.
+   */
+  head?: 'rank';
 }
 
 /** What {@link writeSyntheticModel} wrote. */
@@ -126,6 +133,9 @@ function validate(options: SynthModelOptions): void {
   if (options.chat !== undefined && options.chat !== 'chatml' && options.chat !== 'tools') {
     throw badArgument('chat', "options.chat must be 'chatml' or 'tools'");
   }
+  if (options.head !== undefined && (options.head !== 'rank' || options.arch !== 'llama')) {
+    throw badArgument('head', "options.head must be 'rank', with arch 'llama'");
+  }
 }
 
 function metadata(
@@ -135,9 +145,10 @@ function metadata(
   seed: number,
   h: SynthHparams,
   chat: 'chatml' | 'tools' = 'chatml',
+  head?: 'rank',
 ): Array<[string, GgufValue]> {
   const vocab = chat === 'tools' ? withToolCallTokens(buildVocabulary(h.nVocab)) : buildVocabulary(h.nVocab);
-  const a = ggufArchName(arch);
+  const a = head === 'rank' ? 'qwen3' : ggufArchName(arch);
   const y = h.hybrid;
   const kv: Array<[string, GgufValue]> = [
     ['general.architecture', { type: 'str', value: a }],
@@ -160,6 +171,7 @@ function metadata(
     [`${a}.attention.layer_norm_rms_epsilon`, { type: 'f32', value: h.rmsEps }],
     [`${a}.rope.freq_base`, { type: 'f32', value: h.ropeFreqBase }],
   ];
+  if (head === 'rank') kv.push([`${a}.classifier.output_labels`, { type: 'arr_str', value: RANK_LABELS }]);
   if (h.nExpert > 0) {
     kv.push([`${a}.expert_count`, { type: 'u32', value: h.nExpert }]);
     kv.push([`${a}.expert_used_count`, { type: 'u32', value: h.nExpertUsed }]);
@@ -340,6 +352,36 @@ export interface SynthModelPlan {
   hparams: SynthHparams;
 }
 
+/**
+ * The reranker's labels, as Qwen3-Reranker GGUFs carry them: llama.cpp applies a softmax over them
+ * for qwen3, so the score (the first) is P(yes); with one label it would always be 1.
+ */
+const RANK_LABELS = ['yes', 'no'];
+
+/**
+ * The llama tensors plus what LLM_ARCH_QWEN3 (src/models/qwen3.cpp) adds: q/k RMS norms over one
+ * head in every block, and the `cls.output` head (cls_out: n_embd x 2 labels, f32) of rank pooling.
+ */
+function withRankHead(tensors: SynthTensor[], h: SynthHparams): SynthTensor[] {
+  const headDim = h.nEmbd / h.nHead;
+  const out: SynthTensor[] = [];
+  for (const t of tensors) {
+    out.push(t);
+    const m = /^blk\.(\d+)\.attn_v\.weight$/.exec(t.name);
+    if (m) {
+      out.push({ name: `blk.${m[1]}.attn_q_norm.weight`, dims: [headDim], type: GgmlType.F32, fill: 'norm' });
+      out.push({ name: `blk.${m[1]}.attn_k_norm.weight`, dims: [headDim], type: GgmlType.F32, fill: 'norm' });
+    }
+  }
+  out.push({
+    name: 'cls.output.weight',
+    dims: [h.nEmbd, RANK_LABELS.length],
+    type: GgmlType.F32,
+    fill: 'weight',
+  });
+  return out;
+}
+
 /** Computes the file size and parameter count {@link writeSyntheticModel} would produce. */
 export function planSyntheticModel(
   options: Pick<SynthModelOptions, 'arch' | 'shape' | 'quant'>,
@@ -368,8 +410,14 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
   const path = resolve(options.out);
   const started = performance.now();
   const hparams = synthHparams(arch, shape);
-  const tensors = synthTensors(hparams, quant);
-  const layout = encodeGgufHeader(metadata(arch, shape, quant, seed, hparams, options.chat), tensors);
+  const tensors =
+    options.head === 'rank'
+      ? withRankHead(synthTensors(hparams, quant), hparams)
+      : synthTensors(hparams, quant);
+  const layout = encodeGgufHeader(
+    metadata(arch, shape, quant, seed, hparams, options.chat, options.head),
+    tensors,
+  );
   const totalBytes = layout.header.length + layout.dataBytes;
   const partial = `${path}.partial`;
 
