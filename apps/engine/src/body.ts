@@ -184,8 +184,9 @@ function prepare(data: Uint8Array, chat: boolean, maxMessages: number, jinja = f
       bytes,
       ...(jinja ? { messagesJson: enc.encode(JSON.stringify(messages)) } : {}),
     };
-  } else if (Array.isArray(b.prompt) && b.prompt.length > 0) {
+  } else if (Array.isArray(b.prompt) && b.prompt.length > 0 && b.prompt.every((t) => typeof t === 'number')) {
     // A token array (as OpenAI allows) lets a client continue a slot exactly where it stopped.
+    // Other arrays (several prompts, strings mixed with ids) are the route's to read.
     const ids = new Int32Array(b.prompt.length);
     let max = 0;
     for (let i = 0; i < ids.length; i++) {

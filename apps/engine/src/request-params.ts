@@ -1,7 +1,8 @@
 // Per-request settings of a completion, as llama-server and the OpenAI API name them: each field is
 // either a T1 registry key (validated by tiering like a CONFIGURE delta and merged over the
 // configuration in force), a field that changes what the client gets back and is refused until it
-// is implemented, or one the caller handles itself (prompt, stop, stream, slot, cache_prompt, ...).
+// is implemented, or one the caller handles itself (prompt, stop, stream, slot, cache_prompt, n,
+// echo, ...).
 // Pure: the one native check (a grammar parses, bias token ids exist) goes through an injected
 // sampler factory.
 import type { SamplerParams, SamplerStage } from '@hydra-engine/native-ggml';
@@ -68,9 +69,10 @@ export const REFUSED_FIELDS: Readonly<Record<string, { neutral: (v: unknown) => 
     logprobs: { neutral: (v) => v === false || v === 0, why: 'log probabilities are not returned' },
     top_logprobs: { neutral: (v) => v === 0, why: 'log probabilities are not returned' },
     post_sampling_probs: { neutral: (v) => v === false, why: 'token probabilities are not returned' },
-    n: { neutral: (v) => v === 1, why: 'one choice per request only' },
-    best_of: { neutral: (v) => v === 1, why: 'one choice per request only' },
-    echo: { neutral: (v) => v === false, why: 'the prompt is not echoed' },
+    best_of: {
+      neutral: (v) => v === 1,
+      why: 'best_of (rank choices by log probability server-side) is not implemented; use n',
+    },
     suffix: { neutral: (v) => v === '', why: 'infill (suffix) completions are not implemented' },
     timings_per_token: { neutral: (v) => v === false, why: 'per-token timings are not returned' },
     return_progress: { neutral: (v) => v === false, why: 'prompt progress is not streamed' },

@@ -24,6 +24,8 @@ interface Job {
   slotId: number | undefined;
   cachePrompt: boolean;
   reuse: number;
+  /** SubmitOptions.promptGroup: the first job of the group is its leader (see #leaders). */
+  group: object | undefined;
   /** Set by {@link Scheduler.endRunning}: the loop ends the job with it between steps. */
   failure: Error | undefined;
   resolve(r: GenerationResult): void;
@@ -132,6 +134,8 @@ export class Scheduler {
   #lastStepEnd = 0;
   readonly #slotListeners: ((busy: number) => void)[] = [];
   readonly #rate: { at: number; tokens: number }[] = [];
+  /** The job that prefills for each prompt group (SubmitOptions.promptGroup). */
+  readonly #leaders = new WeakMap<object, Job>();
 
   constructor(options: SchedulerOptions) {
     this.#maxQueue = options.maxQueue;
@@ -387,6 +391,7 @@ export class Scheduler {
         slotId: options.slot,
         cachePrompt: options.cachePrompt === true,
         reuse: 0,
+        group: options.promptGroup,
         failure: undefined,
         resolve,
         reject,
@@ -417,9 +422,22 @@ export class Scheduler {
           { once: true },
         );
       }
+      if (job.group && !this.#leaders.has(job.group)) this.#leaders.set(job.group, job);
       this.#queue.push(job);
       this.kick();
     });
+  }
+
+  /**
+   * The slot whose sequence holds `job`'s prompt to copy from (its group's leader, prefilled), -1
+   * when it must prefill alone, undefined while the leader is still queued or prefilling.
+   */
+  #shareFrom(job: Job): number | undefined {
+    const leader = job.group ? this.#leaders.get(job.group) : undefined;
+    if (!leader || leader === job || this.#model!.info.recurrent) return -1;
+    if (leader.prompt.length !== job.prompt.length || job.prompt.length < 2) return -1;
+    if (this.#slots[leader.slot] !== leader) return this.#queue.includes(leader) ? undefined : -1;
+    return leader.promptFed ? leader.slot : undefined;
   }
 
   /** A free slot for `job`: its own when pinned, else an empty one first, else any. */
@@ -441,6 +459,8 @@ export class Scheduler {
     let changed = false;
     for (let q = 0; q < this.#queue.length; q++) {
       const job = this.#queue[q]!;
+      const share = this.#shareFrom(job);
+      if (share === undefined) continue;
       const i = this.#slotFor(job);
       if (i < 0) continue;
       this.#queue.splice(q--, 1);
@@ -450,17 +470,26 @@ export class Scheduler {
       }
       const cached = this.#cache[i] ?? new Int32Array(0);
       let reuse = 0;
-      if (job.cachePrompt) {
+      if (share >= 0) {
+        // A copy across KV streams (kv_unified off) must take the whole sequence: the leader's
+        // generated tail is dropped after. The last prompt token is decoded again for this
+        // job's own first sample. No step is in flight here (admission runs between steps).
+        ctx.removeSequence(i, -1, -1);
+        ctx.copySequence(share, i, -1, -1);
+        if (ctx.removeSequence(i, job.prompt.length - 1, -1)) reuse = job.prompt.length - 1;
+        else ctx.removeSequence(i, -1, -1);
+      } else if (job.cachePrompt) {
         const limit = Math.min(cached.length, job.prompt.length - 1);
         while (reuse < limit && cached[reuse] === job.prompt[reuse]) reuse++;
       }
       // A recurrent or hybrid memory keeps no per-position history: llama_memory_seq_rm refuses a
       // partial range and leaves the sequence as it was. Read the prompt again from scratch.
-      if (!ctx.removeSequence(i, reuse, -1)) {
+      if (share >= 0) this.#cache[i] = new Int32Array(0);
+      else if (!ctx.removeSequence(i, reuse, -1)) {
         ctx.removeSequence(i, -1, -1);
         reuse = 0;
-      }
-      this.#cache[i] = cached.subarray(0, reuse);
+        this.#cache[i] = new Int32Array(0);
+      } else this.#cache[i] = cached.subarray(0, reuse);
       job.reuse = reuse;
       job.fed = reuse;
       job.order = this.#admitted++;

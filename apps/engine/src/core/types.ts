@@ -45,6 +45,13 @@ export interface SubmitOptions {
    * cache for this prompt (llama.cpp server's `cache_prompt`); see `Engine.getSlotState`.
    */
   cachePrompt?: boolean;
+  /**
+   * Requests submitted with the same object and the same prompt share its KV (an `n > 1` request's
+   * choices): the first prefills, each later one waits until that is done and copies the sequence
+   * (then decodes only the prompt's last token). A recurrent or hybrid memory cannot drop the copy's
+   * generated tail: those prefill alone.
+   */
+  promptGroup?: object;
 }
 
 /** Expert placement of an MoE model (protocol.md SET_EXPERT_MODE). */

@@ -3,7 +3,7 @@
 // generation through the engine, the answer streamed or whole in the route's shape.
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { type ChatCommonParams, jsonSchemaToGrammar } from '@hydra-engine/native-ggml';
+import { type ChatCommonParams, jsonSchemaToGrammar, type Model } from '@hydra-engine/native-ggml';
 import type { PreparedBody } from '../body.js';
 import { ChatStreamDiff, chatReply, chatSampler, renderJinjaChat, withoutChatFields } from '../chat.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
@@ -77,7 +77,7 @@ function nativeFinal(
   ctx: RouteContext,
   body: Record<string, unknown>,
   params: GenerationParams,
-  prompt: Int32Array,
+  prompt: { ids: Int32Array; text: string },
   result: GenerationResult,
   model: string,
   stream: boolean,
@@ -105,7 +105,7 @@ function nativeFinal(
       model,
       ...generationSettings(settings, { stop: params.stop, stream }),
     },
-    prompt: typeof body.prompt === 'string' ? body.prompt : m ? m.detokenize(prompt) : '',
+    prompt: prompt.text,
     has_new_line: result.text.includes('\n'),
     truncated: result.finishReason === 'length' && result.promptTokens + result.completionTokens >= nCtx,
     ...stopType(result, params, full),
@@ -124,6 +124,86 @@ function checkPromptBytes(ctx: RouteContext, bytes: number, key: string): void {
       },
     );
   }
+}
+
+/** One prompt of a request, tokenized, with the text `echo` and the native `prompt` field give back. */
+interface PromptInput {
+  ids: Int32Array;
+  text: string;
+}
+
+/** A prompt piece as llama-server's tokenize_mixed reads it: a text or one token id. */
+type PromptPart = string | number;
+
+const isTokenId = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+
+/**
+ * The prompts of a completion body as llama-server's tokenize_input_prompts splits them: a string,
+ * token ids or a mix of both is one prompt; an array of those (without bare numbers) is one each.
+ */
+function promptParts(prompt: unknown): PromptPart[][] {
+  const one = (p: unknown, at: string): PromptPart[] => {
+    if (typeof p === 'string') return [p];
+    if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === 'string' || isTokenId(x)))
+      return p as PromptPart[];
+    if (typeof p === 'object' && p !== null && !Array.isArray(p) && 'prompt_string' in p) {
+      if ('multimodal_data' in p)
+        throw new HydraError(
+          'HYDRA_ERR_UNSUPPORTED_FIELD',
+          `${at}.multimodal_data: multimodal input is not implemented`,
+          {
+            keys: ['prompt'],
+          },
+        );
+      return one((p as Record<string, unknown>).prompt_string, `${at}.prompt_string`);
+    }
+    throw badRequest(
+      `${at} must be a string, a list of token ids, a list of strings and token ids, or an object with prompt_string`,
+      'prompt',
+    );
+  };
+  if (Array.isArray(prompt) && !prompt.some((p) => typeof p === 'number')) {
+    if (prompt.length === 0) throw badRequest('prompt must not be empty', 'prompt');
+    return prompt.map((p, i) => one(p, `prompt[${i}]`));
+  }
+  return [one(prompt, 'prompt')];
+}
+
+/** `n` (llama-server's `n_cmpl`): choices per prompt, at most one per slot as llama-server allows. */
+function choicesPerPrompt(body: Record<string, unknown>, engine: Engine): number {
+  const given = [body.n, body.n_cmpl].filter((v) => v !== undefined && v !== null);
+  if (given.length === 2 && given[0] !== given[1]) throw badValue('n conflicts with n_cmpl', 'n');
+  const n = given[0] ?? 1;
+  if (!Number.isSafeInteger(n) || (n as number) < 1) throw badValue('n must be a positive integer', 'n');
+  if (n === 1) return 1;
+  // The slot count is the loaded context's.
+  engine.assertReady();
+  const nSlots = engine.slots.total;
+  if ((n as number) > nSlots)
+    throw badValue(`n must be at most ${nSlots} (one choice per slot: -np ${nSlots})`, 'n');
+  return n as number;
+}
+
+function badValue(message: string, key: string): HydraError {
+  return new HydraError('HYDRA_ERR_BAD_VALUE', message, { keys: [key] });
+}
+
+const DEFAULT_SEED = 0xffff_ffff;
+
+/** One generation of a request: a choice of one of its prompts. */
+interface Choice {
+  index: number;
+  prompt: PromptInput;
+  /** The first choice of its prompt (the one that prefills; its usage counts the prompt). */
+  first: boolean;
+  group: object;
+  params: GenerationParams;
+  diff?: ChatStreamDiff;
+  /** Generated token ids since the last streamed text (llama-server's native chunks carry them). */
+  pendingTokens: number[];
+  predicted: number;
+  firstToken?: number;
+  result?: GenerationResult;
 }
 
 async function complete(
@@ -148,13 +228,24 @@ async function complete(
     if (!Array.isArray(fields) || !fields.every((f) => typeof f === 'string'))
       throw badRequest('response_fields must be an array of strings', 'response_fields');
   }
-  let promptText = '';
+  if (body.echo !== undefined && body.echo !== null && body.echo !== false) {
+    if (chat || native)
+      throw new HydraError(
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        'echo is for /v1/completions only (OpenAI has no echo for chat; llama-server none on /completion)',
+        { keys: ['echo'] },
+      );
+    if (body.echo !== true) throw badRequest('echo must be a boolean', 'echo');
+  }
+  const echo = body.echo === true;
+  const n = choicesPerPrompt(body, engine);
+  let parts: PromptPart[][] | undefined;
   if (prepared.chat) checkPromptBytes(ctx, prepared.chat.bytes, 'messages');
   else if (!prepared.tokens) {
-    if (typeof body.prompt !== 'string')
-      throw badRequest('prompt must be a string or an array of token ids', 'prompt');
-    checkPromptBytes(ctx, Buffer.byteLength(body.prompt), 'prompt');
-    promptText = body.prompt;
+    parts = promptParts(body.prompt);
+    let bytes = 0;
+    for (const p of parts) for (const x of p) if (typeof x === 'string') bytes += Buffer.byteLength(x);
+    checkPromptBytes(ctx, bytes, 'prompt');
   }
   const slotField = body.slot_id ?? body.id_slot;
   if (slotField !== undefined && slotField !== null && slotField !== -1 && !Number.isSafeInteger(slotField))
@@ -179,7 +270,8 @@ async function complete(
       true,
     );
   }
-  let params = generationParams(engine, rendered ? withoutChatFields(body) : body);
+  const { n: _n, n_cmpl: _nc, echo: _e, ...sampling } = body;
+  let params = generationParams(engine, rendered ? withoutChatFields(sampling) : sampling);
   if (rendered) {
     params = {
       ...params,
@@ -194,35 +286,61 @@ async function complete(
       });
   }
   const chatOptions = prepared.chat && !rendered ? chatTemplateOptions(body) : undefined;
-  let prompt: Int32Array;
+  let prompts: PromptInput[];
   if (prepared.tokens) {
     const nVocab = engine.model?.info.nVocab ?? 0;
     if (prepared.tokens.max >= nVocab) throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
     engine.assertReady();
-    prompt = prepared.tokens.ids;
+    const ids = prepared.tokens.ids;
+    prompts = [{ ids, text: engine.model!.detokenize(ids, { removeSpecial: true }) }];
   } else {
     // Rendering and tokenizing run off the JS thread: a big input must not stall /health. A model
     // swapped meanwhile has another vocabulary: the tokens are made again for the new one.
-    let tokens: Int32Array | undefined;
-    for (let attempt = 0; attempt < 2 && tokens === undefined; attempt++) {
-      const model = engine.model;
-      // The chat layer tokenized a rendered prompt in its own job, with the model it rendered for.
-      const t = rendered
-        ? rendered.tokens!
-        : prepared.chat
-          ? await (ctx.opts.chatTemplate === undefined && chatOptions!.addAssistant
-              ? engine.chatTokensAsync(prepared.chat.packed)
-              : engine.model!.tokenizeChatAsync(prepared.chat.packed, {
+    let made: PromptInput[] | undefined;
+    for (let attempt = 0; attempt < 2 && made === undefined; attempt++) {
+      engine.assertReady();
+      const model = engine.model!;
+      let t: PromptInput[];
+      if (parts) t = await Promise.all(parts.map((p) => tokenizeMixed(model, p)));
+      else {
+        // The chat layer tokenized a rendered prompt in its own job, with the model it rendered for.
+        const ids = rendered
+          ? rendered.tokens!
+          : await (ctx.opts.chatTemplate === undefined && chatOptions!.addAssistant
+              ? engine.chatTokensAsync(prepared.chat!.packed)
+              : model.tokenizeChatAsync(prepared.chat!.packed, {
                   addAssistant: chatOptions!.addAssistant,
                   ...(ctx.opts.chatTemplate !== undefined ? { template: ctx.opts.chatTemplate } : {}),
-                }))
-          : await engine.tokenizeAsync(promptText);
-      if (engine.model === model) tokens = t;
+                }));
+        t = [{ ids, text: '' }];
+      }
+      if (engine.model === model) made = t;
     }
-    if (tokens === undefined)
+    if (made === undefined)
       throw new HydraError('HYDRA_ERR_LOADING', 'the model changed while the prompt was tokenized');
-    prompt = tokens;
+    prompts = made;
     if (req.socket.destroyed) return;
+  }
+  const seed = params.sampler.seed ?? DEFAULT_SEED;
+  const choices: Choice[] = [];
+  for (const prompt of prompts) {
+    const group = {};
+    for (let j = 0; j < n; j++) {
+      // llama-server's child tasks: a set seed gets +1 per child, so seeded choices differ.
+      const p =
+        j > 0 && seed !== DEFAULT_SEED
+          ? { ...params, sampler: { ...params.sampler, seed: (seed + j) >>> 0 } }
+          : params;
+      choices.push({
+        index: choices.length,
+        prompt,
+        first: j === 0,
+        group,
+        params: p,
+        pendingTokens: [],
+        predicted: 0,
+      });
+    }
   }
   const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
   const created = Math.floor(Date.now() / 1000);
@@ -234,108 +352,120 @@ async function complete(
   };
   res.on('close', onClose);
   const epochHeaders = ctx.epochHeader();
-  let onText: ((t: string) => void) | undefined;
-  const chunk = (delta: Record<string, unknown>, finish: string | null) =>
-    chat
-      ? {
-          id,
-          object: 'chat.completion.chunk',
-          created,
-          model,
-          choices: [{ index: 0, delta, finish_reason: finish }],
-        }
-      : {
-          id,
-          object: 'text_completion',
-          created,
-          model,
-          choices: [{ index: 0, text: delta.content ?? '', finish_reason: finish }],
-        };
+  const object = chat ? 'chat.completion.chunk' : 'text_completion';
+  const chunk = (c: Choice, delta: Record<string, unknown>, finish: string | null) => ({
+    id,
+    object,
+    created,
+    model,
+    choices: [
+      chat
+        ? { index: c.index, delta, finish_reason: finish }
+        : { index: c.index, text: delta.content ?? '', finish_reason: finish },
+    ],
+  });
   const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
-  let diff: ChatStreamDiff | undefined;
-  // Generated token ids since the last streamed text (llama-server's native chunks carry them).
-  let pendingTokens: number[] = [];
-  let predicted = 0;
-  if (stream && native) {
-    onText = (text) => {
-      if (!res.headersSent) {
-        res.writeHead(200, {
-          'content-type': 'text/event-stream',
-          'cache-control': 'no-cache',
-          connection: 'keep-alive',
-          ...epochHeaders,
-        });
-      }
-      write({
-        index: 0,
-        content: text,
-        tokens: pendingTokens,
-        stop: false,
-        id_slot: -1,
-        tokens_predicted: predicted,
-        tokens_evaluated: prompt.length,
+  const head = (headers: Record<string, string>) => {
+    if (!res.headersSent)
+      res.writeHead(200, {
+        'content-type': 'text/event-stream',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+        ...headers,
       });
-      pendingTokens = [];
-    };
-  } else if (stream) {
+  };
+  const onTextFor = (c: Choice): ((t: string) => void) | undefined => {
+    if (!stream) return undefined;
+    if (native)
+      return (text) => {
+        head(epochHeaders);
+        write({
+          index: c.index,
+          content: text,
+          tokens: c.pendingTokens,
+          stop: false,
+          id_slot: -1,
+          tokens_predicted: c.predicted,
+          tokens_evaluated: c.prompt.ids.length,
+        });
+        c.pendingTokens = [];
+      };
     let first = true;
     const send = (delta: Record<string, unknown>) => {
-      if (!res.headersSent) {
-        res.writeHead(200, {
-          'content-type': 'text/event-stream',
-          'cache-control': 'no-cache',
-          connection: 'keep-alive',
-          ...epochHeaders,
-        });
-      }
-      write(chunk(first && chat ? { role: 'assistant', ...delta } : delta, null));
+      head(epochHeaders);
+      write(chunk(c, first && chat ? { role: 'assistant', ...delta } : delta, null));
       first = false;
     };
+    // OpenAI's echo streams the prompt first.
+    if (echo) send({ content: c.prompt.text });
     // Parsing the text so far after every piece (as llama-server) is only needed where it can
     // differ from the text: tool calls or reasoning to split out.
     if (rendered && (rendered.parseToolCalls || rendered.supportsThinking)) {
-      diff = new ChatStreamDiff(rendered, send);
-      const d = diff;
-      onText = (text) => d.push(text);
-    } else onText = (text) => send({ content: text });
-  }
+      const d = new ChatStreamDiff(rendered, send);
+      c.diff = d;
+      return (text) => d.push(text);
+    }
+    return (text) => send({ content: text });
+  };
   const rec = ctx.record(res);
   // Absolute times until the record is closed (#track makes ttftMs relative to the request).
   let lastToken = 0;
-  const onToken = rec
-    ? () => {
-        lastToken = performance.now();
-        rec.ttftMs ??= lastToken;
-      }
-    : undefined;
+  const onToken = (c: Choice) => (t: number) => {
+    c.firstToken ??= performance.now();
+    if (native && stream) {
+      c.pendingTokens.push(t);
+      c.predicted++;
+    }
+    if (rec) {
+      lastToken = performance.now();
+      rec.ttftMs ??= lastToken;
+    }
+  };
   // llama-server's timings, seen from here: the prompt from admission to the first token,
   // generation from there to the end.
   const submitted = performance.now();
-  let firstToken: number | undefined;
-  const nativeToken = native
-    ? (t: number) => {
-        firstToken ??= performance.now();
-        if (stream) {
-          pendingTokens.push(t);
-          predicted++;
-        }
-        onToken?.();
-      }
-    : undefined;
-  // Admission errors throw here, before any byte of the response.
-  const pending = engine.submit(prompt, params, {
-    signal: abort.signal,
-    ...(onText ? { onText } : {}),
-    ...(onToken ? { onToken } : {}),
-    ...(nativeToken ? { onToken: nativeToken } : {}),
-    ...(typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
-    // On by default, as llama-server: a request that shares a slot's prefix skips its prefill.
-    ...((body.cache_prompt ?? ctx.opts.cachePrompt ?? true) === true ? { cachePrompt: true } : {}),
-  });
-  let result: GenerationResult;
+  const cachePrompt = (body.cache_prompt ?? ctx.opts.cachePrompt ?? true) === true;
+  // Admission errors throw here, before any byte of the response; choices already queued go.
+  const pending: Promise<GenerationResult>[] = [];
   try {
-    result = await pending;
+    for (const c of choices) {
+      const onText = onTextFor(c);
+      pending.push(
+        engine.submit(c.prompt.ids, c.params, {
+          signal: abort.signal,
+          ...(onText ? { onText } : {}),
+          onToken: onToken(c),
+          // llama-server: child tasks cannot pin a slot.
+          ...(c.first && typeof slotField === 'number' && slotField >= 0 ? { slot: slotField } : {}),
+          // On by default, as llama-server: a request that shares a slot's prefix skips its prefill.
+          ...(cachePrompt ? { cachePrompt: true } : {}),
+          ...(n > 1 ? { promptGroup: c.group } : {}),
+        }),
+      );
+    }
   } catch (err) {
+    abort.abort();
+    res.off('close', onClose);
+    await Promise.allSettled(pending);
+    throw err;
+  }
+  const ends: Promise<void>[] = choices.map((c, i) =>
+    pending[i]!.then(async (r) => {
+      c.result = r;
+      // Each choice's end goes out as it ends (OpenAI streams finish_reason per choice).
+      if (stream && !native && r.finishReason !== 'cancelled') {
+        if (c.diff) await c.diff.end();
+        head({ 'x-hydra-config-epoch': String(r.epoch) });
+        const finish = c.diff?.calledTools && r.finishReason === 'stop' ? 'tool_calls' : r.finishReason;
+        write(chunk(c, chat ? {} : { content: '' }, finish));
+      }
+    }),
+  );
+  try {
+    await Promise.all(ends);
+  } catch (err) {
+    abort.abort();
+    await Promise.allSettled(ends);
     if (rec) rec.code = (err as HydraError).code ?? 'HYDRA_ERR_INTERNAL';
     if (res.headersSent) {
       const e = err as HydraError;
@@ -348,38 +478,55 @@ async function complete(
   } finally {
     res.off('close', onClose);
   }
+  const results = choices.map((c) => c.result!);
+  let promptTokens = 0;
+  let cachedTokens = 0;
+  let completionTokens = 0;
+  for (const c of choices) {
+    // OpenAI's usage: each prompt once, every choice's completion.
+    if (c.first) {
+      promptTokens += c.result!.promptTokens;
+      cachedTokens += c.result!.cachedTokens;
+    }
+    completionTokens += c.result!.completionTokens;
+  }
+  const r0 = results[0]!;
   if (rec) {
-    rec.promptTokens = result.promptTokens;
-    rec.completionTokens = result.completionTokens;
-    rec.cachedTokens = result.cachedTokens;
-    rec.finishReason = result.finishReason;
-    rec.epoch = result.epoch;
-    rec.slot = result.slot;
-    rec.queueMs = result.queueMs;
+    rec.promptTokens = promptTokens;
+    rec.completionTokens = completionTokens;
+    rec.cachedTokens = cachedTokens;
+    rec.finishReason = r0.finishReason;
+    rec.epoch = r0.epoch;
+    rec.slot = r0.slot;
+    rec.queueMs = Math.max(...results.map((r) => r.queueMs));
     if (rec.ttftMs !== undefined) rec.decodeMs = lastToken - rec.ttftMs;
   }
-  if (result.finishReason === 'cancelled') {
+  if (results.some((r) => r.finishReason === 'cancelled')) {
     res.destroy();
     return;
   }
   const usage = {
-    prompt_tokens: result.promptTokens,
-    completion_tokens: result.completionTokens,
-    total_tokens: result.promptTokens + result.completionTokens,
-    prompt_tokens_details: { cached_tokens: result.cachedTokens },
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+    prompt_tokens_details: { cached_tokens: cachedTokens },
   };
-  const headers = { 'x-hydra-config-epoch': String(result.epoch) };
+  const headers = { 'x-hydra-config-epoch': String(r0.epoch) };
   if (native) {
     const ended = performance.now();
-    // The prompt's time from when the request got its slot (llama-server's timings start there).
-    const timings = nativeTimings(
-      result,
-      Math.max(0, (firstToken ?? ended) - submitted - result.queueMs),
-      ended - (firstToken ?? ended),
-    );
-    const final = pickFields(body.response_fields, {
-      ...nativeFinal(ctx, body, params, prompt, result, model, stream),
-      timings,
+    const finals = choices.map((c) => {
+      const r = c.result!;
+      // The prompt's time from when the request got its slot (llama-server's timings start there).
+      const timings = nativeTimings(
+        r,
+        Math.max(0, (c.firstToken ?? ended) - submitted - r.queueMs),
+        ended - (c.firstToken ?? ended),
+      );
+      return pickFields(body.response_fields, {
+        ...nativeFinal(ctx, body, c.params, c.prompt, r, model, stream),
+        index: c.index,
+        timings,
+      });
     });
     if (stream) {
       if (!res.headersSent)
@@ -389,59 +536,76 @@ async function complete(
           ...headers,
         });
       // llama-server ends a native stream with the final object (stop: true), no [DONE].
-      write({ ...final, content: '', tokens: pendingTokens });
+      for (let i = 0; i < finals.length; i++)
+        write({ ...finals[i], content: '', tokens: choices[i]!.pendingTokens });
       res.end();
       return;
     }
-    sendJson(res, 200, final, headers);
+    // llama-server: one result is an object, several (prompts x n) an array.
+    ctx.send(res, 200, finals.length === 1 ? finals[0] : finals);
     return;
   }
   if (stream) {
-    if (diff) await diff.end();
-    if (!res.headersSent) {
-      res.writeHead(200, {
-        'content-type': 'text/event-stream',
-        'cache-control': 'no-cache',
-        connection: 'keep-alive',
-        ...headers,
-      });
-    }
-    const finish = diff?.calledTools && result.finishReason === 'stop' ? 'tool_calls' : result.finishReason;
-    write(chunk(chat ? {} : { content: '' }, finish));
-    if (includeUsage)
-      write({
-        id,
-        object: chat ? 'chat.completion.chunk' : 'text_completion',
-        created,
-        model,
-        choices: [],
-        usage,
-      });
+    head(headers);
+    if (includeUsage) write({ id, object, created, model, choices: [], usage });
     res.end('data: [DONE]\n\n');
     return;
   }
-  const reply = rendered ? await chatReply(result.text, rendered, result.finishReason) : undefined;
-  const choice = chat
-    ? {
-        index: 0,
-        message: reply?.message ?? { role: 'assistant', content: result.text },
-        finish_reason: reply?.finishReason ?? result.finishReason,
-        logprobs: null,
+  const out = await Promise.all(
+    choices.map(async (c) => {
+      const r = c.result!;
+      if (chat) {
+        const reply = rendered ? await chatReply(r.text, rendered, r.finishReason) : undefined;
+        return {
+          index: c.index,
+          message: reply?.message ?? { role: 'assistant', content: r.text },
+          finish_reason: reply?.finishReason ?? r.finishReason,
+          logprobs: null,
+        };
       }
-    : {
-        index: 0,
-        text: result.text,
-        finish_reason: result.finishReason,
+      return {
+        index: c.index,
+        text: echo ? c.prompt.text + r.text : r.text,
+        finish_reason: r.finishReason,
         logprobs: null,
         // llama.cpp server's `return_tokens`: the ids to continue a cached slot with.
-        ...(body.return_tokens === true ? { tokens: result.tokens } : {}),
+        ...(body.return_tokens === true ? { tokens: r.tokens } : {}),
       };
+    }),
+  );
   sendJson(
     res,
     200,
-    { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices: [choice], usage },
+    { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices: out, usage },
     headers,
   );
+}
+
+/** A prompt's pieces tokenized as llama-server's tokenize_mixed: special tokens with the first text only. */
+async function tokenizeMixed(model: Model, parts: PromptPart[]): Promise<PromptInput> {
+  if (parts.length === 1 && typeof parts[0] === 'string') {
+    const text = parts[0];
+    return { ids: await model.tokenizeAsync(text), text };
+  }
+  const nVocab = model.info.nVocab;
+  const pieces: Int32Array[] = [];
+  for (let i = 0; i < parts.length; i++) {
+    const p = parts[i]!;
+    if (typeof p === 'number') {
+      if (p >= nVocab) throw badRequest(`prompt token ids must be below ${nVocab}`, 'prompt');
+      pieces.push(Int32Array.of(p));
+    } else pieces.push(await model.tokenizeAsync(p, i === 0 ? {} : { addSpecial: false }));
+  }
+  const ids = new Int32Array(pieces.reduce((a, p) => a + p.length, 0));
+  let at = 0;
+  for (const p of pieces) {
+    ids.set(p, at);
+    at += p.length;
+  }
+  const text = parts.every((p) => typeof p === 'string')
+    ? parts.join('')
+    : model.detokenize(ids, { removeSpecial: true });
+  return { ids, text };
 }
 
 const PATHS = new Set([
