@@ -2,7 +2,7 @@
 // tree): more of its names for registry keys, its LLAMA_ARG_* environment variables, its help
 // groups, the flags whose behaviour is already this engine's, and the flags of features that do
 // not exist yet, which are refused by name (exit 2) rather than accepted and ignored.
-import type { FlagSpec } from './args.js';
+import type { FlagSpec } from './args/table.js';
 
 /** Flags of llama-server that map to registry keys or engine settings (besides args.ts FLAGS). */
 export const LLAMA_FLAGS: FlagSpec[] = [
@@ -185,6 +185,33 @@ export const LLAMA_FLAGS: FlagSpec[] = [
   },
   { names: ['--no-ui', '--no-webui'], key: '@same', kind: 'flag', bare: true, help: 'there is no web UI' },
   {
+    names: ['--embedding', '--embeddings'],
+    key: 'embedding',
+    kind: 'flag',
+    bare: true,
+    help: 'serve /embedding(s) and /v1/embeddings (completions still work)',
+  },
+  {
+    names: ['--pooling'],
+    key: 'pooling_type',
+    kind: 'string',
+    values: ['none', 'mean', 'cls', 'last', 'rank'],
+    help: 'pooling type for embeddings (default: the model\'s)',
+  },
+  {
+    names: ['--rerank', '--reranking'],
+    key: '@reranking',
+    kind: 'flag',
+    bare: true,
+    help: 'serve /v1/rerank: --embedding with --pooling rank (needs a model with a classification head)',
+  },
+  {
+    names: ['--embd-normalize'],
+    key: 'embd_normalize',
+    kind: 'int',
+    help: 'embedding normalization (default 2: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm)',
+  },
+  {
     names: ['--jinja'],
     key: '@jinja',
     kind: 'flag',
@@ -214,7 +241,43 @@ export const LLAMA_FLAGS: FlagSpec[] = [
     names: ['--spec-type'],
     key: 'speculative.types',
     kind: 'list',
-    help: 'speculative decoding: none or ngram-simple (draft-model and other n-gram types are refused)',
+    help: 'speculative decoding: none, ngram-simple or draft-simple (other types are refused)',
+  },
+  {
+    names: ['-md', '--model-draft', '--spec-draft-model'],
+    key: 'speculative.model',
+    kind: 'string',
+    help: 'draft model for speculative decoding (draft-simple; its vocabulary must match the model)',
+  },
+  {
+    names: ['--spec-draft-n-max'],
+    key: 'speculative.n_max',
+    kind: 'int',
+    help: 'most tokens the draft model guesses per step (default 3)',
+  },
+  {
+    names: ['--spec-draft-n-min'],
+    key: 'speculative.n_min',
+    kind: 'int',
+    help: 'a shorter draft is dropped (default 0)',
+  },
+  {
+    names: ['--spec-draft-p-min', '--draft-p-min'],
+    key: 'speculative.p_min',
+    kind: 'number',
+    help: 'drafting stops at a guess less likely than this among the top 10 (default 0)',
+  },
+  {
+    names: ['-devd', '--device-draft', '--spec-draft-device'],
+    key: 'speculative.devices',
+    kind: 'list',
+    help: 'comma-separated devices of the draft model (see --list-devices)',
+  },
+  {
+    names: ['-ngld', '--gpu-layers-draft', '--n-gpu-layers-draft', '--spec-draft-ngl'],
+    key: 'speculative.n_gpu_layers',
+    kind: 'int',
+    help: 'draft model layers in VRAM (-1 default, -2 all)',
   },
   {
     names: ['--spec-ngram-simple-size-n'],
@@ -251,36 +314,23 @@ export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boo
     why: 'reasoning is not implemented',
   },
   {
-    names: ['-md', '--model-draft', '--spec-draft-model'],
-    env: 'LLAMA_ARG_SPEC_DRAFT_MODEL',
-    takesValue: true,
-    why: 'speculative decoding is not implemented',
-  },
-  {
     names: ['--draft', '--draft-n', '--draft-max'],
     env: 'LLAMA_ARG_DRAFT_MAX',
     takesValue: true,
-    why: 'speculative decoding is not implemented',
+    why: 'removed from llama-server: use --spec-draft-n-max',
   },
   {
     names: ['--draft-min', '--draft-n-min'],
     env: 'LLAMA_ARG_DRAFT_MIN',
     takesValue: true,
-    why: 'speculative decoding is not implemented',
+    why: 'removed from llama-server: use --spec-draft-n-min',
   },
   {
-    names: ['--embedding', '--embeddings'],
-    env: 'LLAMA_ARG_EMBEDDINGS',
-    takesValue: false,
-    why: 'embeddings (/v1/embeddings) are not implemented',
+    names: ['-cd', '--ctx-size-draft'],
+    env: 'LLAMA_ARG_CTX_SIZE_DRAFT',
+    takesValue: true,
+    why: "not in the pinned llama-server: the draft context holds as many tokens per slot as the target's",
   },
-  {
-    names: ['--rerank', '--reranking'],
-    env: 'LLAMA_ARG_RERANKING',
-    takesValue: false,
-    why: 'reranking is not implemented',
-  },
-  { names: ['--pooling'], env: 'LLAMA_ARG_POOLING', takesValue: true, why: 'embeddings are not implemented' },
   {
     names: ['-mm', '--mmproj'],
     env: 'LLAMA_ARG_MMPROJ',
@@ -429,6 +479,11 @@ export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boo
 export const ENV_BY_KEY: Readonly<Record<string, string>> = {
   model: 'LLAMA_ARG_MODEL',
   'speculative.types': 'LLAMA_ARG_SPEC_TYPE',
+  'speculative.model': 'LLAMA_ARG_SPEC_DRAFT_MODEL',
+  'speculative.n_max': 'LLAMA_ARG_SPEC_DRAFT_N_MAX',
+  'speculative.n_min': 'LLAMA_ARG_SPEC_DRAFT_N_MIN',
+  'speculative.p_min': 'LLAMA_ARG_SPEC_DRAFT_P_MIN',
+  'speculative.n_gpu_layers': 'LLAMA_ARG_N_GPU_LAYERS_DRAFT',
   host: 'LLAMA_ARG_HOST',
   port: 'LLAMA_ARG_PORT',
   api_key: 'LLAMA_API_KEY',
@@ -465,6 +520,9 @@ export const ENV_BY_KEY: Readonly<Record<string, string>> = {
   yarn_beta_slow: 'LLAMA_ARG_YARN_BETA_SLOW',
   yarn_beta_fast: 'LLAMA_ARG_YARN_BETA_FAST',
   swa_full: 'LLAMA_ARG_SWA_FULL',
+  embedding: 'LLAMA_ARG_EMBEDDINGS',
+  pooling_type: 'LLAMA_ARG_POOLING',
+  '@reranking': 'LLAMA_ARG_RERANKING',
   '@aliases': 'LLAMA_ARG_ALIAS',
   '@corsOrigins': 'LLAMA_ARG_CORS_ORIGINS',
   '@corsMethods': 'LLAMA_ARG_CORS_METHODS',
@@ -489,6 +547,9 @@ export function flagGroup(spec: FlagSpec): 'common' | 'sampling' | 'server' | 'h
 
 const SERVER_KEYS = new Set([
   'host',
+  'embedding',
+  'embd_normalize',
+  '@reranking',
   'port',
   'api_key',
   'n_parallel',

@@ -1,43 +1,45 @@
 import { existsSync } from 'node:fs';
 import { fitToWire, formatFitTable, modelFactsFromGguf, planFit } from '@hydra-engine/resolver';
+import { badArgument, scanArgv } from './args/argv.js';
 import { HydraError } from './errors.js';
 import { readGgufFile } from './placement.js';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
-function takeFlags(
-  argv: readonly string[],
-  known: Record<string, 'value' | 'flag' | 'repeat'>,
-): Map<string, string[]> {
-  const out = new Map<string, string[]>();
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1;
-    const name = eq > 0 ? arg.slice(0, eq) : arg;
-    const kind = known[name];
-    if (!kind) throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `unknown flag ${name}`, { keys: [name] });
-    let value = 'true';
-    if (kind !== 'flag') {
-      const v = eq > 0 ? arg.slice(eq + 1) : argv[++i];
-      if (v === undefined || v === '')
-        throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} needs a value`, { keys: [name] });
-      value = v;
-    }
-    if (kind !== 'repeat' && out.has(name))
-      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} given twice`, { keys: [name] });
-    out.set(name, [...(out.get(name) ?? []), value]);
+/** One flag of a tool command: its names (the last one keys it), and how it takes a value. */
+interface ToolFlag {
+  names: readonly string[];
+  takes: 'value' | 'none' | 'repeat';
+}
+
+/** A tool's flags as given: by the flag's last name, the name used and every value (`true` for a switch). */
+type ToolFlags = Map<string, { name: string; values: string[] }>;
+
+function takeFlags(argv: readonly string[], table: readonly ToolFlag[]): ToolFlags {
+  const out: ToolFlags = new Map();
+  const hits = scanArgv(
+    argv,
+    (name) => table.find((f) => f.names.includes(name)),
+    (f) => ({ takes: f.takes === 'none' ? 'none' : 'value' }),
+    (name) => badArgument(name, `unknown flag ${name}`),
+  );
+  for (const { flag, name, raw } of hits) {
+    if (raw === '') throw badArgument(name, `${name} needs a value`);
+    const key = flag.names.at(-1)!;
+    const seen = out.get(key);
+    if (seen && flag.takes !== 'repeat') throw badArgument(name, `${name} given twice`);
+    if (seen) seen.values.push(raw!);
+    else out.set(key, { name, values: [raw ?? 'true'] });
   }
   return out;
 }
 
-function intFlag(flags: Map<string, string[]>, name: string, fallback: number, min = 0): number {
-  const raw = flags.get(name)?.[0];
-  if (raw === undefined) return fallback;
-  if (!/^-?\d+$/.test(raw) || Number(raw) < min) {
-    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${name} must be an integer >= ${min}, got ${raw}`, {
-      keys: [name],
-    });
-  }
+function intFlag(flags: ToolFlags, key: string, fallback: number, min = 0): number {
+  const given = flags.get(key);
+  if (given === undefined) return fallback;
+  const raw = given.values[0]!;
+  if (!/^-?\d+$/.test(raw) || Number(raw) < min)
+    throw badArgument(given.name, `${given.name} must be an integer >= ${min}, got ${raw}`);
   return Number(raw);
 }
 
@@ -80,35 +82,31 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
     io.stdout.write(PLAN_HELP);
     return 0;
   }
-  const flags = takeFlags(argv, {
-    '--model': 'value',
-    '-m': 'value',
-    '--device': 'repeat',
-    '--ctx': 'value',
-    '-c': 'value',
-    '--cache-type-k': 'value',
-    '--cache-type-v': 'value',
-    '--parallel': 'value',
-    '-np': 'value',
-    '-ngl': 'value',
-    '--n-gpu-layers': 'value',
-    '-ts': 'value',
-    '--tensor-split': 'value',
-    '--fit-target': 'value',
-    '--fit-prefer': 'value',
-    '--device-memory-cap': 'repeat',
-    '--kv-placement': 'value',
-    '--json': 'flag',
-  });
-  const model = flags.get('--model')?.[0] ?? flags.get('-m')?.[0];
+  const flags = takeFlags(argv, [
+    { names: ['-m', '--model'], takes: 'value' },
+    { names: ['--device'], takes: 'repeat' },
+    { names: ['-c', '--ctx'], takes: 'value' },
+    { names: ['--cache-type-k'], takes: 'value' },
+    { names: ['--cache-type-v'], takes: 'value' },
+    { names: ['-np', '--parallel'], takes: 'value' },
+    { names: ['-ngl', '--n-gpu-layers'], takes: 'value' },
+    { names: ['-ts', '--tensor-split'], takes: 'value' },
+    { names: ['--fit-target'], takes: 'value' },
+    { names: ['--fit-prefer'], takes: 'value' },
+    { names: ['--device-memory-cap'], takes: 'repeat' },
+    { names: ['--kv-placement'], takes: 'value' },
+    { names: ['--json'], takes: 'none' },
+  ]);
+  const value = (key: string) => flags.get(key)?.values[0];
+  const model = value('--model');
   if (!model)
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'plan needs --model FILE', { keys: ['--model'] });
   if (!existsSync(model))
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', `no such model file: ${model}`, { keys: ['--model'] });
   const caps = new Map(
-    (flags.get('--device-memory-cap') ?? []).map((c) => mibPair('--device-memory-cap', c)),
+    (flags.get('--device-memory-cap')?.values ?? []).map((c) => mibPair('--device-memory-cap', c)),
   );
-  const devices = (flags.get('--device') ?? []).map((d) => {
+  const devices = (flags.get('--device')?.values ?? []).map((d) => {
     const [name, freeBytes] = mibPair('--device', d);
     const cap = caps.get(name);
     return { name, freeBytes, ...(cap !== undefined ? { capBytes: cap } : {}) };
@@ -124,8 +122,8 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
       });
   }
   const facts = modelFactsFromGguf(await readGgufFile(model));
-  const ts = flags.get('-ts')?.[0] ?? flags.get('--tensor-split')?.[0];
-  const ngl = flags.get('-ngl')?.[0] ?? flags.get('--n-gpu-layers')?.[0];
+  const ts = value('--tensor-split');
+  const ngl = value('--n-gpu-layers');
   const numbers = (flag: string, raw: string) => {
     const parts = raw.split(/[,/]/).map(Number);
     if (parts.some((x) => !Number.isFinite(x)))
@@ -137,22 +135,23 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
   let nGpuLayers: number | 'auto' | undefined;
   if (ngl === 'auto') nGpuLayers = 'auto';
   else if (ngl === 'all') nGpuLayers = -1;
-  else if (ngl !== undefined)
-    nGpuLayers = intFlag(flags, flags.has('-ngl') ? '-ngl' : '--n-gpu-layers', -1, -1);
-  const placement = flags.get('--kv-placement')?.[0];
+  else if (ngl !== undefined) nGpuLayers = intFlag(flags, '--n-gpu-layers', -1, -1);
+  const placement = value('--kv-placement');
   if (placement !== undefined && placement !== 'layer' && placement !== 'rounded-fraction')
     throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', '--kv-placement must be layer or rounded-fraction', {
       keys: ['--kv-placement'],
     });
-  const prefer = flags.get('--fit-prefer')?.[0];
+  const prefer = value('--fit-prefer');
   const fit = planFit(facts, {
     devices,
-    nCtx: intFlag(flags, flags.has('-c') ? '-c' : '--ctx', 4096, 1),
-    nParallel: intFlag(flags, flags.has('-np') ? '-np' : '--parallel', 1, 1),
+    nCtx: intFlag(flags, '--ctx', 4096, 1),
+    nParallel: intFlag(flags, '--parallel', 1, 1),
     marginBytes: intFlag(flags, '--fit-target', 0, 0) * 1024 * 1024,
-    ...(flags.has('--cache-type-k') ? { cacheTypeK: flags.get('--cache-type-k')![0]! } : {}),
-    ...(flags.has('--cache-type-v') ? { cacheTypeV: flags.get('--cache-type-v')![0]! } : {}),
-    ...(ts ? { tensorSplit: ts === 'auto' ? ('auto' as const) : numbers('-ts', ts) } : {}),
+    ...(flags.has('--cache-type-k') ? { cacheTypeK: value('--cache-type-k')! } : {}),
+    ...(flags.has('--cache-type-v') ? { cacheTypeV: value('--cache-type-v')! } : {}),
+    ...(ts
+      ? { tensorSplit: ts === 'auto' ? ('auto' as const) : numbers(flags.get('--tensor-split')!.name, ts) }
+      : {}),
     ...(nGpuLayers !== undefined ? { nGpuLayers } : {}),
     ...(placement ? { kvPlacement: placement } : {}),
     ...(prefer ? { prefer } : {}),
@@ -227,21 +226,21 @@ export async function runBenchClient(argv: readonly string[], io: Io): Promise<B
     io.stdout.write(BENCH_HELP);
     return undefined;
   }
-  const flags = takeFlags(argv, {
-    '--url': 'value',
-    '--requests': 'value',
-    '--concurrency': 'value',
-    '--max-tokens': 'value',
-    '--prompt': 'value',
-    '--api-key': 'value',
-    '--json': 'flag',
-  });
-  const url = (flags.get('--url')?.[0] ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
+  const flags = takeFlags(argv, [
+    { names: ['--url'], takes: 'value' },
+    { names: ['--requests'], takes: 'value' },
+    { names: ['--concurrency'], takes: 'value' },
+    { names: ['--max-tokens'], takes: 'value' },
+    { names: ['--prompt'], takes: 'value' },
+    { names: ['--api-key'], takes: 'value' },
+    { names: ['--json'], takes: 'none' },
+  ]);
+  const url = (flags.get('--url')?.values[0] ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
   const requests = intFlag(flags, '--requests', 8, 1);
   const concurrency = intFlag(flags, '--concurrency', 4, 1);
   const maxTokens = intFlag(flags, '--max-tokens', 64, 1);
-  const prompt = flags.get('--prompt')?.[0] ?? 'Once upon a time, in a land far away, there was a';
-  const apiKey = flags.get('--api-key')?.[0];
+  const prompt = flags.get('--prompt')?.values[0] ?? 'Once upon a time, in a land far away, there was a';
+  const apiKey = flags.get('--api-key')?.values[0];
   const body = { prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true };
   let next = 0;
   const runs: { tokens: number; ttftMs: number; ms: number }[] = [];

@@ -309,6 +309,15 @@ export interface NativeBinding {
     addSpecial: boolean,
     parseSpecial: boolean,
   ): Promise<Int32Array>;
+  /** Why `draft` cannot draft for `target` (upstream's vocab compatibility check), or "". */
+  draftVocabMismatch(target: ModelHandle, draft: ModelHandle): string;
+  /** Feeds each entry's tokens to the draft context, then drafts greedily (hydra_draft.cpp). */
+  draftGenerate(
+    ctx: ContextHandle,
+    entries: { seq: number; pos: number; tokens: Int32Array; nMax: number }[],
+    nMin: number,
+    pMin: number,
+  ): Promise<{ tokens: Int32Array; fed: number }[]>;
   contextCreate(model: ModelHandle, params: NativeContextParams): Promise<ContextHandle>;
   contextFree(ctx: ContextHandle): void;
   contextInfo(ctx: ContextHandle): {

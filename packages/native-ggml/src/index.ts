@@ -501,6 +501,11 @@ export class Model {
     );
   }
 
+  /** Why `draft` cannot draft for this model (llama.cpp's vocab compatibility check), or "". */
+  draftVocabMismatch(draft: Model): string {
+    return this.#binding.draftVocabMismatch(this.#h(), draft.#h());
+  }
+
   /** Frees the model. Throws if contexts are still alive. */
   dispose(): void {
     if (!this.#handle) return;
@@ -686,8 +691,6 @@ export interface DecodeTokens extends DecodeCommon {
   tokens: Int32Array | number[];
   follow?: false;
   /**
-   * The last `draft` tokens are guesses (speculative decoding; needs a sampler, no `logits`, at
-   * most n_batch tokens). The sampler runs after each of the last `draft + 1` positions in turn and
   /**
    * Report the sampled token's probability and the `probs` most likely tokens (needs a sampler, no
    * `draft`), as llama-server's `n_probs`: a softmax over the whole vocabulary, or with
@@ -696,6 +699,8 @@ export interface DecodeTokens extends DecodeCommon {
    */
   probs?: number;
   postSampling?: boolean;
+   * The last `draft` tokens are guesses (speculative decoding; needs a sampler, no `logits`, at
+   * most n_batch tokens). The sampler runs after each of the last `draft + 1` positions in turn and
    * stops at the first sample that differs from the next guess: the step's `runs` entry holds those
    * samples (1 to draft + 1), `tokens` the last. The KV keeps every position fed; the caller
    * removes those after the accepted guesses.
@@ -709,15 +714,6 @@ export interface DecodeResult {
   logits: (Float32Array | null)[];
   /** Present when an entry had `draft`: per entry, its samples (null for entries without). */
   runs?: (Int32Array | null)[];
-}
-
-/**
- * Feeds the one token this sequence sampled at its previous step, known only when that step ends.
- * This lets a caller queue step k+1 before step k resolves, so the device starts it at once.
- * Needs a sampler. If the previous step failed, this one fails too (`HYDRA_ERR_DECODE_FAILED`).
- */
-export interface DecodeFollow extends DecodeCommon {
-  follow: true;
   /**
    * Present when an entry asked for `probs`: per entry (null for entries without) the sampled
    * token's probability and the most likely tokens, most likely first.
@@ -739,6 +735,15 @@ export interface TokenProbs {
  * A llama.cpp context. Operations run one at a time, in call order, off the JS thread. Decode steps
  * may be queued back to back (await neither): each starts the moment the one before ends.
  */
+}
+
+/**
+ * Feeds the one token this sequence sampled at its previous step, known only when that step ends.
+ * This lets a caller queue step k+1 before step k resolves, so the device starts it at once.
+ * Needs a sampler. If the previous step failed, this one fails too (`HYDRA_ERR_DECODE_FAILED`).
+ */
+export interface DecodeFollow extends DecodeCommon {
+  follow: true;
 export class Context {
   readonly #binding: NativeBinding;
   #handle: ContextHandle | undefined;
@@ -825,6 +830,30 @@ export class Context {
 
   copySequence(src: number, dst: number, p0 = -1, p1 = -1): void {
     this.#binding.memorySeqCp(this.#h(), src, dst, p0, p1);
+  /**
+   * Speculative drafting on a draft model's context (llama.cpp's draft-simple): feeds each entry's
+   * `tokens` at `pos` (what the sequence lacks, ending with the target's last sample), then guesses
+   * greedily, one token per sequence per step, while the top candidate's probability among the
+   * top 10 is at least `pMin` and fewer than `nMax` were guessed; a draft shorter than `nMin` is
+   * dropped. `fed`: guesses decoded into the KV (all but the last).
+   */
+  draft(
+    entries: { seq: number; pos: number; tokens: Int32Array; nMax: number }[],
+    nMin: number,
+    pMin: number,
+  ): Promise<{ tokens: Int32Array; fed: number }[]> {
+    const run = () => this.#binding.draftGenerate(this.#h(), entries, nMin, pMin);
+    if (this.#exclusive > 0) return this.#enqueue(run);
+    let out: Promise<{ tokens: Int32Array; fed: number }[]>;
+    try {
+      out = run();
+    } catch (err) {
+      return Promise.reject(err).catch(rethrow);
+    }
+    this.#queue = out.catch(() => undefined);
+    return out.catch(rethrow);
+  }
+
   }
 
   /** Largest position held for a sequence, -1 when empty. */
@@ -933,3 +962,22 @@ export function installRpcAbortPark(): void {
 export function rpcParkedInfo(): { parked: number; last: string } {
   return native().rpcParkedInfo();
 }
+
+/**
+ * Per-peer accounting of the ggml-RPC client path, cumulative since each peer's registration
+ * (`addRpcServer` installs it): commands by type, round trips, time blocked on the peer, time
+ * serializing, and the kernel's TCP counters of the connection; plus each local device's graph
+ * compute and synchronize time. Reading it costs one `getsockopt` per peer (a `/proc/self/fd`
+ * scan, at most 4 a second, until the peer's connection is found).
+ */
+export function rpcAccounting(): NativeRpcAccounting {
+  return native().rpcAccounting();
+}
+
+export type {
+  NativeLocalAccounting as LocalAccounting,
+  NativeRpcAccounting as RpcAccounting,
+  NativeRpcPeerAccounting as RpcPeerAccounting,
+  NativeRpcTcp as RpcTcp,
+  RpcCommandName,
+};

@@ -32,6 +32,7 @@ import {
   hostFreeBytes,
   modelFacts,
   type Placement,
+import { DraftRuntime } from './draft.js';
   resolveAuto,
 } from '../placement.js';
 import { contextParamsFrom, modelParamsFrom } from './params.js';
@@ -131,7 +132,9 @@ export class Runtime {
   #built: { facts: ModelFacts | undefined; cfg: Params } | undefined;
   /** The facts of the model in force (read by load's GGUF checks). */
   #facts: ModelFacts | undefined;
-  readonly #peerLostListeners: (() => void)[] = [];
+  /** The draft model of speculative decoding (speculative.model) and its context. */
+  readonly #draft = new DraftRuntime();
+  #peerEvents: PeerEvents | undefined;
 
   constructor(options: RuntimeOptions) {
     this.#layers = options.layers;
@@ -301,6 +304,7 @@ export class Runtime {
       if (dual) {
         // The SOLO placement stays resident beside the COMBINED one, with its own context, so
         // SET_EXPERT_MODE only switches which pair serves the next step. With mmap on the CPU both
+      await this.#draft.load(cfg, this.#model);
         // models share the file's pages; on GPUs the non-expert weights are held twice.
         const model = await Model.load(withDevices(configured, []), loadOpts);
         try {
@@ -365,7 +369,14 @@ export class Runtime {
       model.createContext(contextParamsFrom(cfg)),
       (c) => ABANDONED.push(c),
     );
-    this.#scheduler.attach(model, ctx);
+    let draft: Context | undefined;
+    try {
+      draft = await this.#draft.createContext(cfg);
+    } catch (err) {
+      await ctx.dispose();
+      throw err;
+    }
+    this.#scheduler.attach(model, ctx, draft);
     this.#built = { facts, cfg };
   }
 
@@ -397,6 +408,7 @@ export class Runtime {
 
   /** See `Engine.reconfigure`. */
   async reconfigure(rebuild: 'none' | 'sampler' | 'context' | 'model'): Promise<void> {
+    await this.#draft.free();
     if (rebuild === 'model') {
       await this.load();
       return;

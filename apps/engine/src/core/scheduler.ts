@@ -57,6 +57,8 @@ interface Job {
         pending: number;
       }
     | undefined;
+        /** The draft model's guess for the next step (draft_simple), made before it is assembled. */
+        next?: number[];
 }
 
 /** What {@link Scheduler.slotInfo} reports of one slot. */
@@ -123,6 +125,10 @@ export class Scheduler {
   #specTally: (SpecTally | undefined)[] = [];
   /** Who holds admission (see {@link hold}), by token, with the reason and since when. */
   readonly #holders = new Map<number, { reason: string; since: number }>();
+  /** The draft model's context (speculative.types draft_simple), one sequence per slot. */
+  #draft: Context | undefined;
+  /** Per slot: the tokens whose KV the draft context's sequence holds. */
+  #draftKv: number[][] = [];
   #holdSeq = 0;
   /** Bumped when the attached pair is abandoned: a decode loop of an older generation stops. */
   #gen = 0;
@@ -173,13 +179,15 @@ export class Scheduler {
   }
 
   /** Serves `ctx` from the next step on, with empty slots sized to it (a new context). */
-  attach(model: Model, ctx: Context): void {
+  attach(model: Model, ctx: Context, draft?: Context): void {
     this.#model = model;
     this.#ctx = ctx;
     this.#forgetTokens();
     const info = ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
     this.#budget = Math.max(1, info.nBatch);
+    this.#draft = draft;
+    this.#draftKv = [];
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
     this.#specTally = [];
@@ -221,6 +229,7 @@ export class Scheduler {
     const ctx = this.#ctx;
     this.#ctx = undefined;
     this.#model = undefined;
+    this.#draft = undefined;
     this.#slots = [];
     this.#cache = [];
     return ctx;
@@ -271,6 +280,7 @@ export class Scheduler {
     }
     this.#ctx = undefined;
     this.#model = undefined;
+    this.#draft = undefined;
     this.#slots = [];
     this.#cache = [];
     this.#slotsChanged();
@@ -563,6 +573,10 @@ export class Scheduler {
           if (ahead) await ahead.result.catch(() => undefined);
           ahead = undefined;
           continue;
+          if (this.#draft) {
+            await this.#draftStep(gen);
+            if (gen !== this.#gen) return;
+          }
         }
         if (gen !== this.#gen) return;
         const t1 = performance.now();
@@ -717,7 +731,7 @@ export class Scheduler {
       if (
         spec &&
         !spec.tally.pausedAt(job.generated.length + 1) &&
-        mayGuessAfter(spec.history, spec.settings)
+        (spec.settings.type === 'draft_simple' || mayGuessAfter(spec.history, spec.settings))
       )
         return undefined;
       // At its token limit once `step` ends (the limit is clipped to the slot's context): it
@@ -777,7 +791,11 @@ export class Scheduler {
       this.#nCtxSeq - job.pos - 1,
       this.#budget - 1,
     );
-    const draft = ngramDraft(spec.history, spec.settings, limit);
+    const draft =
+      spec.settings.type === 'ngram_simple'
+        ? ngramDraft(spec.history, spec.settings, limit)
+        : (spec.next ?? []).slice(0, Math.max(0, limit));
+    spec.next = undefined;
     spec.pending = draft.length;
     return draft;
   }
@@ -818,6 +836,67 @@ export class Scheduler {
         const fed = job.generated.slice(0, job.pos - job.prompt.length);
         const held = new Int32Array(job.prompt.length + fed.length);
         held.set(job.prompt);
+  /**
+   * The draft model's guesses for every generating slot's next step (draft_simple), in one native
+   * call on the draft context before the step is assembled. The draft's KV keeps each slot's tokens
+   * (#draftKv), so only what it lacks is fed: the rejected guesses of the last step and a new
+   * prompt's changed tail are dropped from it first, and a prefix it already holds is not read again.
+   */
+  async #draftStep(gen: number): Promise<void> {
+    const draft = this.#draft!;
+    const jobs: Job[] = [];
+    const entries: { seq: number; pos: number; tokens: Int32Array; nMax: number }[] = [];
+    let nMin = 0;
+    let pMin = 0;
+    for (const job of this.#slots) {
+      const spec = job?.spec;
+      if (!job || !spec || spec.settings.type !== 'draft_simple' || !job.promptFed) continue;
+      if (job.failure || job.signal?.aborted || !spec.tally.mayDraft(job.generated.length)) continue;
+      // As #draftFor limits the step: the token limit, the slot's context and one step's budget.
+      const nMax = Math.min(
+        spec.settings.nMax,
+        job.maxTokens - job.generated.length - 1,
+        this.#nCtxSeq - job.pos - 1,
+        this.#budget - 1,
+      );
+      if (nMax < 1) continue;
+      ({ nMin, pMin } = spec.settings);
+      const history = spec.history;
+      const held = this.#draftKv[job.slot] ?? [];
+      // The last token (just sampled) is always fed: its logits give the first guess.
+      const limit = Math.min(held.length, history.length - 1);
+      let keep = 0;
+      while (keep < limit && held[keep] === history[keep]) keep++;
+      if (!draft.removeSequence(job.slot, keep, -1)) {
+        draft.removeSequence(job.slot, -1, -1);
+        keep = 0;
+      }
+      this.#draftKv[job.slot] = history.slice(0, keep);
+      jobs.push(job);
+      entries.push({ seq: job.slot, pos: keep, tokens: Int32Array.from(history.slice(keep)), nMax });
+    }
+    if (entries.length === 0) return;
+    let out: { tokens: Int32Array; fed: number }[];
+    try {
+      out = await draft.draft(entries, nMin, pMin);
+    } catch {
+      if (gen !== this.#gen) return;
+      // A failed draft costs this step's guesses only; these slots' draft KV is read again.
+      for (const job of jobs) {
+        this.#draftKv[job.slot] = [];
+        draft.removeSequence(job.slot, -1, -1);
+      }
+      return;
+    }
+    if (gen !== this.#gen) return;
+    for (let i = 0; i < jobs.length; i++) {
+      const job = jobs[i]!;
+      const r = out[i]!;
+      this.#draftKv[job.slot] = job.spec!.history.concat(Array.from(r.tokens.subarray(0, r.fed)));
+      if (this.#slots[job.slot] === job) job.spec!.next = Array.from(r.tokens);
+    }
+  }
+
         held.set(fed, job.prompt.length);
         this.#cache[job.slot] = held;
       } else {
