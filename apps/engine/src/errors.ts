@@ -128,6 +128,11 @@ export const ERRORS = defineErrors({
       'an override_tensors item is not <regex>=<buffer type>, its regex does not compile, or the buffer type is unknown',
   },
   HYDRA_ERR_NO_DEVICE: { status: 400, meaning: 'a devices entry names no device of this host or its peers' },
+  HYDRA_ERR_DRAFT_INCOMPATIBLE: {
+    status: 400,
+    meaning:
+      "speculative.model's vocabulary does not match the target's (llama.cpp's check), or the draft is recurrent",
+  },
   HYDRA_ERR_LOAD_CANCELLED: {
     status: 503,
     meaning: 'a model load was cancelled before it finished (a newer load or shutdown)',

@@ -148,6 +148,36 @@ const TABLE: Record<string, Check> = {
     file: './speculative.test.ts',
     test: 'gives the greedy text of the plain engine and accepts guesses',
   },
+  'speculative.model': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'gives the greedy text of the plain engine and accepts draft guesses',
+  },
+  'speculative.n_max': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'n_max, n_min and p_min shape the drafts',
+  },
+  'speculative.n_min': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'n_max, n_min and p_min shape the drafts',
+  },
+  'speculative.p_min': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'n_max, n_min and p_min shape the drafts',
+  },
+  'speculative.n_gpu_layers': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'the draft loads with its own devices and layers',
+  },
+  'speculative.devices': {
+    kind: 'covered',
+    file: './speculative-draft.test.ts',
+    test: 'the draft loads with its own devices and layers',
+  },
   'speculative.ngram_size_n': {
     kind: 'covered',
     file: './speculative-unit.test.ts',
@@ -515,14 +545,12 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
     expect(r.data.length).toBe(65536);
   });
 
-  it('refused keys change nothing: speculative.model reloads nothing, the reply names the key', async () => {
+  it('refused keys change nothing: mmproj reloads nothing, the reply names the key', async () => {
     const loaded = eng.engine.model;
     const epoch = eng.engine.epoch;
-    await expect(
-      client.configure({ 'speculative.model': other, 'sampling.temp': 0.3 }),
-    ).rejects.toMatchObject({
+    await expect(client.configure({ mmproj: other, 'sampling.temp': 0.3 })).rejects.toMatchObject({
       code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
-      keys: ['speculative.model'],
+      keys: ['mmproj'],
     });
     expect(eng.engine.layers.get('sampling.temp')).toBe(0.8);
     expect(eng.engine.model).toBe(loaded);
@@ -619,14 +647,14 @@ describe('per-request fields and refusals at every door', () => {
       keys: ['ctx_shift'],
     });
     const yaml = join(dir, 'refused.yaml');
-    writeFileSync(yaml, `model: ${path}\nspeculative:\n  n_max: 4\n`);
+    writeFileSync(yaml, `model: ${path}\nspeculative:\n  p_split: 0.2\n`);
     let err: HydraError | undefined;
     try {
       parseServeArgs(['--config', yaml]);
     } catch (e) {
       err = e as HydraError;
     }
-    expect(err?.keys).toEqual(['speculative.n_max']);
+    expect(err?.keys).toEqual(['speculative.p_split']);
     expect((err?.cause as HydraError | undefined)?.code).toBe('HYDRA_ERR_UNSUPPORTED_FIELD');
   });
 });

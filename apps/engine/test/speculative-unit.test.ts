@@ -75,10 +75,24 @@ describe('settings', () => {
         'speculative.ngram_size_n': 3,
         'speculative.ngram_size_m': 5,
       }),
-    ).toEqual({ sizeN: 3, sizeM: 5 });
+    ).toEqual({ type: 'ngram_simple', sizeN: 3, sizeM: 5 });
+    // draft_simple needs its model; a model alone means draft_simple (llama-server infers it).
     expect(() => speculativeFrom({ 'speculative.types': ['draft_simple'] })).toThrow(
-      expect.objectContaining({ code: 'HYDRA_ERR_UNSUPPORTED_FIELD' }),
+      expect.objectContaining({ code: 'HYDRA_ERR_BAD_VALUE' }),
     );
+    expect(speculativeFrom({ 'speculative.model': 'd.gguf', 'speculative.n_max': 4 })).toEqual({
+      type: 'draft_simple',
+      nMax: 4,
+      nMin: 0,
+      pMin: 0,
+    });
+    // One type at a time: both together are refused by name, not half honoured.
+    expect(() =>
+      speculativeFrom({ 'speculative.types': ['ngram_simple', 'draft_simple'], 'speculative.model': 'd.gguf' }),
+    ).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_UNSUPPORTED_FIELD' }));
+    expect(() =>
+      speculativeFrom({ 'speculative.types': ['ngram_simple'], 'speculative.model': 'd.gguf' }),
+    ).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_UNSUPPORTED_FIELD' }));
   });
   it('only stateless greedy samplers are speculated', () => {
     expect(speculable({ temp: 0 })).toBe(true);

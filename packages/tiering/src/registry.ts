@@ -82,7 +82,7 @@ const NO_CALLBACK = 'a native callback pointer; it cannot cross the wire';
 const NO_MULTIMODAL = 'multimodal (mtmd) input is not built into this engine';
 const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the native binding';
 const NO_SPECULATIVE =
-  'only n-gram speculative decoding (speculative.types ngram_simple) is implemented: no draft model';
+  'speculative decoding implements ngram_simple and draft_simple (a draft model, greedy chains) only';
 const NOT_SERVED = 'a llama-server setting this engine does not implement';
 const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
 const NO_THREADPOOL =
@@ -95,9 +95,8 @@ const S = (name: string, type: FieldType, def: unknown, extra?: Extra) =>
 S('n_prev', int(1, 1 << 20), 64, {
   unsupported: 'the CLI history ring of common_sampler; the engine keeps no such buffer',
 });
-S('n_probs', int(0, 1 << 20), 0, {
-  unsupported: 'token probabilities (logprobs) are not returned by this engine',
-});
+// The default for requests that do not say (apps/engine's request-params: logprobs, n_probs).
+S('n_probs', int(0, 1 << 20), 0);
 S('min_keep', int(0, 1 << 20), 0);
 S('top_k', int(-1, 1 << 24), 40);
 S('top_p', num(0, 1), 0.95);
@@ -201,8 +200,11 @@ E('reasoning_format', oneOf('none', 'auto', 'deepseek-legacy', 'deepseek'), 'dee
 });
 E('enable_reasoning', int(-1, 1), -1, { unsupported: NOT_SERVED });
 E('prefill_assistant', bool, true, { unsupported: NOT_SERVED });
-E('embedding', bool, false, { unsupported: NOT_SERVED });
-E('embd_normalize', int(-1, 1 << 16), 2, { unsupported: NOT_SERVED });
+// Serves /embedding(s), /v1/embeddings (and /v1/rerank with pooling_type rank). No rebuild: an
+// embedding batch turns the context's embeddings on for itself, as llama-server does per batch.
+E('embedding', bool, false);
+// The normalization of a request that names no embd_normalize.
+E('embd_normalize', int(-1, 1 << 16), 2);
 E('embd_out', oneOf('', 'array', 'json', 'json+'), '', { unsupported: NOT_SERVED });
 E('embd_sep', str(256), '\n', { unsupported: NOT_SERVED });
 E('cls_sep', str(256), '\t', { unsupported: NOT_SERVED });
@@ -269,7 +271,6 @@ C('yarn_beta_fast', num(-1, 1e6), -1);
 C('yarn_beta_slow', num(-1, 1e6), -1);
 C('yarn_orig_ctx', int(0), 0);
 C('pooling_type', oneOf('unspecified', 'none', 'mean', 'cls', 'last', 'rank'), 'unspecified', {
-  unsupported: NOT_PASSED,
   aliases: ['pooling'],
 });
 C('attention_type', oneOf('unspecified', 'causal', 'non_causal'), 'unspecified', {
@@ -307,8 +308,8 @@ C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
 // Self-speculative (lookup n-gram) settings live with the context; a draft model is T3.
 C(
   'speculative.types',
-  // Of llama.cpp's types only ngram_simple is implemented (draft_*, other ngram_* are refused).
-  list(oneOf('none', 'ngram_simple'), 16),
+  // Of llama.cpp's types ngram_simple and draft_simple are implemented (the others are refused).
+  list(oneOf('none', 'ngram_simple', 'draft_simple'), 16),
   ['none'],
   // llama-server's --spec-type spells them with hyphens (ngram-simple).
   {
@@ -316,19 +317,15 @@ C(
     coerce: (v) => (Array.isArray(v) ? v.map((t) => (typeof t === 'string' ? t.replace(/-/g, '_') : t)) : v),
   },
 );
-C('speculative.n_max', int(0, 1024), 3, {
-  unsupported: NO_SPECULATIVE,
-  aliases: ['speculative.draft.n_max'],
-});
-C('speculative.n_min', int(0, 1024), 0, {
-  unsupported: NO_SPECULATIVE,
-  aliases: ['speculative.draft.n_min'],
-});
+// The draft model's guesses per step (draft_simple): at most n_max, dropped when fewer than n_min,
+// stopped at a guess less likely than p_min among the draft's top 10.
+C('speculative.n_max', int(0, 1024), 3, { aliases: ['speculative.draft.n_max'] });
+C('speculative.n_min', int(0, 1024), 0, { aliases: ['speculative.draft.n_min'] });
 C('speculative.p_split', num(0, 1), 0.1, {
   unsupported: NO_SPECULATIVE,
   aliases: ['speculative.draft.p_split'],
 });
-C('speculative.p_min', num(0, 1), 0, { unsupported: NO_SPECULATIVE, aliases: ['speculative.draft.p_min'] });
+C('speculative.p_min', num(0, 1), 0, { aliases: ['speculative.draft.p_min'] });
 C('speculative.ngram_size_n', int(1, 1024), 12);
 C('speculative.ngram_size_m', int(1, 1024), 48);
 C('speculative.ngram_min_hits', int(1, 65_535), 1, { unsupported: NO_SPECULATIVE });
@@ -359,14 +356,12 @@ M('override_tensors', list(str(4096, /^.+=[^=]+$/s), 1024), [], {
 });
 M('rpc_servers', list(str(300, HOST_PORT), 64), []);
 M('n_cpu_moe', int(0), 0);
+// The draft model (speculative.types draft_simple, implied by a model alone) and where it loads.
 M('speculative.model', str(4096), '', {
-  unsupported: NO_SPECULATIVE,
   aliases: ['speculative.draft.model', 'speculative.draft.mparams.path'],
 });
-M('speculative.n_gpu_layers', int(-2), -1, {
-  unsupported: NO_SPECULATIVE,
-  aliases: ['speculative.draft.n_gpu_layers'],
-});
+M('speculative.n_gpu_layers', int(-2), -1, { aliases: ['speculative.draft.n_gpu_layers'] });
+M('speculative.devices', list(str(256), 128), [], { aliases: ['speculative.draft.devices'] });
 M('mmproj', str(4096), '', { unsupported: NO_MULTIMODAL, aliases: ['mmproj.path'] });
 M('lora_init_without_apply', bool, false, { unsupported: NO_ADAPTERS });
 M('lora_adapters', list(str(4096)), [], { unsupported: NO_ADAPTERS });

@@ -103,10 +103,11 @@ describe('plan', () => {
     });
     expect(normalize({ model: { path: '/m.gguf' } })).toEqual({ model: '/m.gguf' });
     expect(normalize({ n_threads: 4 })).toEqual({ 'cpuparams.n_threads': 4 });
-    // Refused (no speculative decoding), under the alias it was sent as.
-    expect(rejection(() => normalize({ speculative: { draft: { model: 'd.gguf' } } }))).toMatchObject({
+    expect(normalize({ speculative: { draft: { model: 'd.gguf' } } })).toEqual({ 'speculative.model': 'd.gguf' });
+    // Refused (no tree speculation), under the alias it was sent as.
+    expect(rejection(() => normalize({ speculative: { draft: { p_split: 0.2 } } }))).toMatchObject({
       code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
-      keys: ['speculative.draft.model'],
+      keys: ['speculative.draft.p_split'],
     });
     expect(normalize({ seed: 3, sampling: { seed: 3 } })).toEqual({ seed: 3 });
   });

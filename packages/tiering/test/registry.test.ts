@@ -40,7 +40,9 @@ const GROUPS: Record<string, () => string[]> = {
   'rope_freq_base/scale': () => ['rope_freq_base', 'rope_freq_scale'],
   'yarn_*': () => keysWith('yarn_'),
   'speculative (lookup-ngram only — the model-draft field is T3)': () =>
-    keysWith('speculative.').filter((k) => k !== 'speculative.model' && k !== 'speculative.n_gpu_layers'),
+    keysWith('speculative.').filter(
+      (k) => k !== 'speculative.model' && k !== 'speculative.n_gpu_layers' && k !== 'speculative.devices',
+    ),
   'the rpc_servers list (stock --rpc-server)': () => ['rpc_servers'],
   'tensor_buft_overrides (for override_tensor)': () => ['tensor_buft_overrides', 'override_tensor'],
   'bind ports (--port, --rpc-port, --rpc-server-port)': () => ['port', 'rpc_port', 'rpc_server_port'],
@@ -63,6 +65,7 @@ const EXTRAS: Record<string, Tier> = {
   'model.hf_file': 'T3',
   'model.docker_repo': 'T3',
   'speculative.n_gpu_layers': 'T3', // the draft model's load setting: "the model-draft field is T3"
+  'speculative.devices': 'T3', // the draft model's devices (-devd), a load setting too
   host: 'T4', // protocol.md names host, control_allow_from is the --control-allow-from allowlist
   control_allow_from: 'T4',
   api_key: 'T4',
@@ -188,19 +191,28 @@ describe('fields the engine cannot honor', () => {
     }
   });
 
-  it('refuses every speculative.* field but the n-gram ones, the draft model included', () => {
+  it('refuses every speculative.* field but the n-gram and draft-model ones', () => {
     const spec = FIELDS.filter((f) => f.key.startsWith('speculative.'));
     expect(spec.length).toBeGreaterThan(10);
     expect(spec.filter((f) => f.unsupported === undefined).map((f) => f.key)).toEqual([
       'speculative.types',
+      'speculative.n_max',
+      'speculative.n_min',
+      'speculative.p_min',
       'speculative.ngram_size_n',
       'speculative.ngram_size_m',
+      'speculative.model',
+      'speculative.n_gpu_layers',
+      'speculative.devices',
     ]);
-    // Of the types, only ngram_simple (and none) is implemented: the others are refused by name.
+    // Of the types, ngram_simple and draft_simple (and none) are implemented: the others are refused by name.
     expect(plan(defaults(), { 'speculative.types': ['ngram_simple'] }).paramsApplied).toEqual({
       'speculative.types': ['ngram_simple'],
     });
-    expect(() => plan(defaults(), { 'speculative.types': ['draft_simple'] })).toThrow(
+    expect(plan(defaults(), { 'speculative.types': ['draft-simple'] }).paramsApplied).toEqual({
+      'speculative.types': ['draft_simple'],
+    });
+    expect(() => plan(defaults(), { 'speculative.types': ['draft_eagle3'] })).toThrow(
       expect.objectContaining({ keys: ['speculative.types'] }),
     );
   });

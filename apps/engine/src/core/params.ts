@@ -2,7 +2,7 @@ import type { ContextParams, ModelLoadParams, SamplerParams, SamplerStage } from
 import { expertBlockRegex, LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
-import { speculativeFrom } from './speculative.js';
+import { maxGuess, speculativeFrom } from './speculative.js';
 
 function withoutDefaults<T extends object>(obj: T): Partial<T> {
   const out: Partial<T> = {};
@@ -73,9 +73,10 @@ export function contextParamsFrom(cfg: Params): ContextParams {
     opOffload: !(cfg.no_op_offload as boolean),
     swaFull: cfg.swa_full as boolean,
     kvUnified: cfg.kv_unified as boolean,
-    // A speculative guess of up to ngram_size_m tokens samples that many + 1 outputs of one
+    poolingType: cfg.pooling_type === 'unspecified' ? undefined : (cfg.pooling_type as PoolingType),
+    // A speculative guess of up to ngram_size_m (n_max) tokens samples that many + 1 outputs of one
     // sequence; llama.cpp's on-device sampling takes 1 unless told (it clamps to n_batch).
-    nOutputsMaxPerSeq: spec ? spec.sizeM + 1 : undefined,
+    nOutputsMaxPerSeq: spec ? maxGuess(spec) + 1 : undefined,
   }) as ContextParams;
 }
 

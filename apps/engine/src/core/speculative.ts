@@ -1,34 +1,74 @@
-// Speculative decoding without a draft model (pure): llama.cpp's `ngram_simple` guesses the next
-// tokens of a slot from its own history, and a per-slot tally turns guessing off when the target
-// keeps rejecting them, so a slot whose text does not repeat pays nothing for it.
+// Speculative decoding settings and the pure parts (no native calls): llama.cpp's `ngram_simple`
+// guesses the next tokens of a slot from its own history (a draft model's guesses come from
+// draft.ts), and a per-slot tally turns guessing off when the target keeps rejecting them, so a
+// slot whose text the guesser cannot follow pays nothing for it.
 import type { SamplerParams } from '@hydra-engine/native-ggml';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
 
 /** The `speculative.*` settings in force, as the scheduler uses them. */
-export interface SpeculativeSettings {
-  /** Length of the n-gram looked up in the history (`speculative.ngram_size_n`). */
-  sizeN: number;
-  /** Most tokens guessed after a match (`speculative.ngram_size_m`). */
-  sizeM: number;
+export type SpeculativeSettings =
+  | {
+      type: 'ngram_simple';
+      /** Length of the n-gram looked up in the history (`speculative.ngram_size_n`). */
+      sizeN: number;
+      /** Most tokens guessed after a match (`speculative.ngram_size_m`). */
+      sizeM: number;
+    }
+  | {
+      /** A draft model guesses (`speculative.model`; llama.cpp's draft-simple). */
+      type: 'draft_simple';
+      /** Most tokens drafted per step (`speculative.n_max`). */
+      nMax: number;
+      /** A shorter draft is dropped (`speculative.n_min`). */
+      nMin: number;
+      /** Drafting stops at a guess less likely than this (`speculative.p_min`). */
+      pMin: number;
+    };
+
+/** Most guessed tokens one step of a slot may carry under `s` (what its outputs are sized for). */
+export function maxGuess(s: SpeculativeSettings): number {
+  return s.type === 'ngram_simple' ? s.sizeM : s.nMax;
 }
 
-/** The settings of `cfg`, or undefined when `speculative.types` is `none`. */
+/**
+ * The settings of `cfg`, or undefined when speculation is off. A `speculative.model` with the
+ * default types means draft_simple, as llama-server infers it from a plain draft GGUF.
+ */
 export function speculativeFrom(cfg: Params | undefined): SpeculativeSettings | undefined {
   if (!cfg) return undefined;
-  const types = ((cfg['speculative.types'] as string[] | undefined) ?? ['none']).filter((t) => t !== 'none');
+  let types = ((cfg['speculative.types'] as string[] | undefined) ?? ['none']).filter((t) => t !== 'none');
+  const model = (cfg['speculative.model'] as string | undefined) ?? '';
+  if (types.length === 0 && model !== '') types = ['draft_simple'];
   if (types.length === 0) return undefined;
-  // The registry only admits none and ngram_simple; anything else reaching here is a wiring bug.
-  if (types.some((t) => t !== 'ngram_simple')) {
+  // The registry only admits none, ngram_simple and draft_simple; anything else is a wiring bug.
+  if (types.some((t) => t !== 'ngram_simple' && t !== 'draft_simple') || new Set(types).size > 1) {
     throw new HydraError(
       'HYDRA_ERR_UNSUPPORTED_FIELD',
-      `speculative.types ${types.join(',')} is not implemented`,
-      {
-        keys: ['speculative.types'],
-      },
+      `speculative.types ${types.join(',')}: one type at a time (ngram_simple or draft_simple) is implemented`,
+      { keys: ['speculative.types'] },
     );
   }
+  if (types[0] === 'draft_simple') {
+    if (model === '')
+      throw new HydraError('HYDRA_ERR_BAD_VALUE', 'speculative.types draft_simple needs speculative.model', {
+        keys: ['speculative.model'],
+      });
+    return {
+      type: 'draft_simple',
+      nMax: (cfg['speculative.n_max'] as number | undefined) ?? 3,
+      nMin: (cfg['speculative.n_min'] as number | undefined) ?? 0,
+      pMin: (cfg['speculative.p_min'] as number | undefined) ?? 0,
+    };
+  }
+  if (model !== '')
+    throw new HydraError(
+      'HYDRA_ERR_UNSUPPORTED_FIELD',
+      'speculative.model with speculative.types ngram_simple: one type at a time is implemented',
+      { keys: ['speculative.model', 'speculative.types'] },
+    );
   return {
+    type: 'ngram_simple',
     sizeN: (cfg['speculative.ngram_size_n'] as number | undefined) ?? 12,
     sizeM: (cfg['speculative.ngram_size_m'] as number | undefined) ?? 48,
   };
@@ -58,7 +98,11 @@ export function speculable(p: SamplerParams): boolean {
  * token just sampled) are searched for backwards; the tokens that followed the latest earlier match
  * are the guess, at most `sizeM` and at least `sizeN` of them, else none. `limit` caps the length.
  */
-export function ngramDraft(history: ArrayLike<number>, s: SpeculativeSettings, limit: number): number[] {
+export function ngramDraft(
+  history: ArrayLike<number>,
+  s: { sizeN: number; sizeM: number },
+  limit: number,
+): number[] {
   // In upstream's terms `cur` is the history before the sampled token.
   const cur = history.length - 1;
   const n = s.sizeN;
@@ -88,7 +132,7 @@ export function ngramDraft(history: ArrayLike<number>, s: SpeculativeSettings, l
  * occur earlier where the search looks. When it cannot, the next step may be queued ahead
  * (pipelined) without losing a guess.
  */
-export function mayGuessAfter(history: ArrayLike<number>, s: SpeculativeSettings): boolean {
+export function mayGuessAfter(history: ArrayLike<number>, s: { sizeN: number; sizeM: number }): boolean {
   const len = history.length;
   const n = s.sizeN;
   if (len <= n + s.sizeM + 1) return false;

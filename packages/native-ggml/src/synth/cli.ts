@@ -17,15 +17,19 @@ export interface SynthArgs {
   quant: SynthQuant;
   seed: number;
   out: string;
+  /** `--extra-layers N --extra-scale X`: a speculative target over the plain model (SYNTH.md). */
+  extraLayers?: number;
+  extraScale?: number;
 }
 
 export const SYNTH_USAGE = `usage: hydra-engine synth-model --out FILE [--arch llama|moe|qwen35|qwen35moe]
                                [--shape tiny|1b|8b|27b|small-wide|35b-a3b]
                                [--quant f32|f16|q8_0|q4_0] [--seed N]
+                               [--extra-layers N [--extra-scale X]]   (a speculative target)
 shapes: llama, moe: tiny 1b 8b 27b small-wide; qwen35: tiny 27b; qwen35moe: tiny 35b-a3b
 defaults: --arch llama --shape tiny --quant q8_0 --seed 0`;
 
-const FLAGS = ['arch', 'shape', 'quant', 'seed', 'out'] as const;
+const FLAGS = ['arch', 'shape', 'quant', 'seed', 'out', 'extra-layers', 'extra-scale'] as const;
 type Flag = (typeof FLAGS)[number];
 
 function bad(key: string, message: string): HydraError {
@@ -79,7 +83,22 @@ export function parseSynthArgs(argv: readonly string[]): SynthArgs {
       `--shape ${shape} does not exist for --arch ${arch} (${SYNTH_ARCH_SHAPES[arch].join(', ')})`,
     );
   }
-  return { arch, shape, quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS), seed, out };
+  const parsed: SynthArgs = { arch, shape, quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS), seed, out };
+  const extraText = seen.get('extra-layers');
+  if (extraText !== undefined) {
+    const n = /^[0-9]{1,3}$/.test(extraText) ? Number(extraText) : Number.NaN;
+    if (!(n >= 1 && n <= 256)) throw bad('extra-layers', `--extra-layers must be an integer in [1, 256], got ${extraText}`);
+    if (arch !== 'llama' && arch !== 'moe') throw bad('extra-layers', '--extra-layers needs --arch llama or moe');
+    parsed.extraLayers = n;
+  }
+  const scaleText = seen.get('extra-scale');
+  if (scaleText !== undefined) {
+    const x = /^[0-9]+(\.[0-9]+)?$/.test(scaleText) ? Number(scaleText) : Number.NaN;
+    if (!(x >= 0 && x <= 16)) throw bad('extra-scale', `--extra-scale must be a number in [0, 16], got ${scaleText}`);
+    if (parsed.extraLayers === undefined) throw bad('extra-scale', '--extra-scale needs --extra-layers');
+    parsed.extraScale = x;
+  }
+  return parsed;
 }
 
 /** Where {@link runSynthCli} prints. */

@@ -73,6 +73,15 @@ export interface SynthModelOptions {
    * for rank pooling. Dense `llama` arch only.
    */
   head?: 'rank';
+  /**
+   * A speculative-decoding target (dense or MoE `llama` arch): this many blocks after the shape's
+   * own, whose `attn_output` and `ffn_down` weights have `extraScale` times the usual deviation.
+   * The shape's blocks, embeddings and head keep the bytes of the plain model with the same seed,
+   * so that plain model is its draft and `extraScale` sets how often the two agree (SYNTH.md).
+   */
+  extraLayers?: number;
+  /** Deviation of the extra blocks' output projections, as a multiple of weightStd (default 0). */
+  extraScale?: number;
 }
 
 /** What {@link writeSyntheticModel} wrote. */
@@ -136,6 +145,40 @@ function validate(options: SynthModelOptions): void {
   if (options.head !== undefined && (options.head !== 'rank' || options.arch !== 'llama')) {
     throw badArgument('head', "options.head must be 'rank', with arch 'llama'");
   }
+  const extra = options.extraLayers;
+  if (extra !== undefined) {
+    if (!Number.isInteger(extra) || extra < 0 || extra > 256)
+      throw badArgument('extraLayers', 'options.extraLayers must be an integer in [0, 256]');
+    if ((options.arch !== 'llama' && options.arch !== 'moe') || options.head !== undefined)
+      throw badArgument('extraLayers', "options.extraLayers needs arch 'llama' or 'moe' and no head");
+  }
+  if (options.extraScale !== undefined) {
+    if (!(extra! > 0)) throw badArgument('extraScale', 'options.extraScale needs options.extraLayers > 0');
+    if (!Number.isFinite(options.extraScale) || options.extraScale < 0 || options.extraScale > 16)
+      throw badArgument('extraScale', 'options.extraScale must be a number in [0, 16]');
+  }
+}
+
+/**
+ * The target of a synthetic speculative pair: `base` with `extra` more blocks whose output
+ * projections are scaled by `scale`, and per tensor the random stream it would have in `base`
+ * (the extra blocks' streams follow), so the shared tensors are byte for byte the draft's.
+ */
+function withExtraBlocks(
+  base: SynthHparams,
+  quant: SynthQuant,
+  extra: number,
+  scale: number,
+): { hparams: SynthHparams; tensors: SynthTensor[]; streams: number[] } {
+  const hparams = { ...base, nLayer: base.nLayer + extra };
+  const own = new Map(synthTensors(base, quant).map((t, i) => [t.name, i]));
+  let next = own.size;
+  const tensors = synthTensors(hparams, quant).map((t) => {
+    const m = /^blk\.(\d+)\.(attn_output|ffn_down|ffn_down_exps)\.weight$/.exec(t.name);
+    return m && Number(m[1]) >= base.nLayer ? { ...t, std: base.weightStd * scale } : t;
+  });
+  const streams = tensors.map((t) => own.get(t.name) ?? next++);
+  return { hparams, tensors, streams };
 }
 
 function metadata(
@@ -409,11 +452,17 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
   const { arch, shape, quant, seed, onProgress } = options;
   const path = resolve(options.out);
   const started = performance.now();
-  const hparams = synthHparams(arch, shape);
+  const base = synthHparams(arch, shape);
+  const pair =
+    (options.extraLayers ?? 0) > 0
+      ? withExtraBlocks(base, quant, options.extraLayers!, options.extraScale ?? 0)
+      : undefined;
+  const hparams = pair?.hparams ?? base;
   const tensors =
-    options.head === 'rank'
+    pair?.tensors ??
+    (options.head === 'rank'
       ? withRankHead(synthTensors(hparams, quant), hparams)
-      : synthTensors(hparams, quant);
+      : synthTensors(hparams, quant));
   const layout = encodeGgufHeader(
     metadata(arch, shape, quant, seed, hparams, options.chat, options.head),
     tensors,
@@ -447,7 +496,7 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
     for (let t = 0; t < tensors.length; t++) {
       const tensor = tensors[t]!;
       const weights = weightTables(tensor.std ?? hparams.weightStd);
-      const rng = new Xorshift128(seed, t);
+      const rng = new Xorshift128(seed, pair ? pair.streams[t]! : t);
       const total = tensorElements(tensor.dims);
       const bytesPerPiece =
         (PIECE_ELEMS / GGML_TYPE_TRAITS[tensor.type].blockSize) * GGML_TYPE_TRAITS[tensor.type].typeSize;

@@ -1,0 +1,170 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseServeArgs } from '../src/args.js';
+import { startEngine } from '../src/serve.js';
+import { engineWith } from './helpers.js';
+
+// Speculative decoding with a draft model (speculative.model, llama-server's -md; draft_simple)
+// against the same engine without it, on a synthetic pair: the target is the tiny model plus 4
+// blocks whose output projections are scaled down (SYNTH.md), the draft the tiny model itself.
+type Eng = Awaited<ReturnType<typeof engineWith>>;
+let dir: string;
+let draft: string;
+let target: string;
+let spec: Eng;
+let plain: Eng;
+
+async function pair(scale: number): Promise<string> {
+  const out = join(dir, `target-${scale}.gguf`);
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 0, out, extraLayers: 4, extraScale: scale });
+  return out;
+}
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'hydra-spec-draft-'));
+  draft = join(dir, 'draft.gguf');
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 0, out: draft });
+  target = await pair(0.1);
+  const flags = ['-m', target, '-np', '2', '-c', '2048'];
+  spec = await engineWith([...flags, '-md', draft, '--spec-draft-n-max', '4']);
+  plain = await engineWith(flags);
+}, 60_000);
+afterAll(async () => {
+  await spec?.close();
+  await plain?.close();
+});
+
+interface Completion {
+  text: string;
+  finish: string;
+  completion: number;
+  cached: number;
+}
+
+async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
+  const res = await fetch(`${eng.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ temperature: 0, cache_prompt: false, ...body }),
+  });
+  expect(res.status).toBe(200);
+  const json = (await res.json()) as {
+    choices: { text: string; finish_reason: string }[];
+    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+  };
+  return {
+    text: json.choices[0]!.text,
+    finish: json.choices[0]!.finish_reason,
+    completion: json.usage.completion_tokens,
+    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
+  };
+}
+
+async function metric(eng: Eng, name: string): Promise<number> {
+  const text = await (await fetch(`${eng.url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+  if (!m) throw new Error(`${name} not in /metrics`);
+  return Number(m[1]);
+}
+
+const PROMPTS = ['Once upon a time', 'The quick brown fox jumps over', 'hello world, this is'];
+
+describe('draft-model speculative decoding', () => {
+  it('gives the greedy text of the plain engine and accepts draft guesses', async () => {
+    const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
+    const accepted0 = await metric(spec, 'hydra_spec_accepted_total');
+    const steps0 = await metric(spec, 'hydra_decode_steps_total');
+    let tokens = 0;
+    for (const prompt of PROMPTS) {
+      const body = { prompt, max_tokens: 64, ignore_eos: true };
+      const a = await complete(spec, body);
+      expect(a).toEqual(await complete(plain, body));
+      tokens += a.completion;
+    }
+    const drafted = (await metric(spec, 'hydra_spec_drafted_total')) - drafted0;
+    const accepted = (await metric(spec, 'hydra_spec_accepted_total')) - accepted0;
+    const steps = (await metric(spec, 'hydra_decode_steps_total')) - steps0;
+    expect(drafted).toBeGreaterThan(0);
+    expect(accepted).toBeGreaterThan(0);
+    expect(accepted).toBeLessThanOrEqual(drafted);
+    // Each accepted guess is a token that took no target step of its own.
+    expect(steps).toBeLessThanOrEqual(PROMPTS.length + tokens - accepted);
+    console.log(`draft: drafted ${drafted} accepted ${accepted} steps ${steps} for ${tokens} tokens`);
+    const slots = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
+    expect(slots.some((x) => (x.draft_n_accepted as number) > 0)).toBe(true);
+    const st = (await (await fetch(`${spec.url}/control/status`)).json()) as {
+      speculative: { drafted: number; accepted: number; acceptance: number };
+    };
+    expect(st.speculative.drafted).toBe(await metric(spec, 'hydra_spec_drafted_total'));
+  });
+
+  it('n_max, n_min and p_min shape the drafts', async () => {
+    const body = { prompt: PROMPTS[0], max_tokens: 48, ignore_eos: true };
+    const want = await complete(plain, body);
+    const run = async (delta: Record<string, number>) => {
+      spec.engine.layers.configure(delta);
+      await spec.engine.reconfigure('context');
+      const d0 = await metric(spec, 'hydra_spec_drafted_total');
+      const s0 = await metric(spec, 'hydra_decode_steps_total');
+      expect(await complete(spec, body)).toEqual(want);
+      return {
+        drafted: (await metric(spec, 'hydra_spec_drafted_total')) - d0,
+        steps: (await metric(spec, 'hydra_decode_steps_total')) - s0,
+      };
+    };
+    try {
+      // n_max 1: at most one guess per target step.
+      const one = await run({ 'speculative.n_max': 1 });
+      expect(one.drafted).toBeGreaterThan(0);
+      expect(one.drafted).toBeLessThanOrEqual(one.steps);
+      // n_min above n_max: every draft is too short and dropped.
+      expect((await run({ 'speculative.n_max': 4, 'speculative.n_min': 5 })).drafted).toBe(0);
+      // p_min 1: no guess of random weights is that sure among the top 10.
+      expect((await run({ 'speculative.n_min': 0, 'speculative.p_min': 1 })).drafted).toBe(0);
+    } finally {
+      spec.engine.layers.configure({ 'speculative.n_max': 4, 'speculative.n_min': 0, 'speculative.p_min': 0 });
+      await spec.engine.reconfigure('context');
+    }
+  });
+
+  it('the draft loads with its own devices and layers; a device that does not exist is refused', async () => {
+    const flags = ['-m', target, '-c', '1024', '-md', draft, '-devd', 'CPU', '-ngld', '0'];
+    const eng = await engineWith(flags);
+    try {
+      const body = { prompt: PROMPTS[1], max_tokens: 24, ignore_eos: true };
+      const d0 = await metric(eng, 'hydra_spec_drafted_total');
+      expect(await complete(eng, body)).toEqual(await complete(plain, body));
+      expect((await metric(eng, 'hydra_spec_drafted_total')) - d0).toBeGreaterThan(0);
+    } finally {
+      await eng.close();
+    }
+    const bad = await startEngine(
+      parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', '-m', target, '-md', draft, '-devd', 'NoSuchDevice0']),
+      { log: { write: () => true } },
+    );
+    try {
+      await bad.loaded;
+      expect(bad.loadError).toMatchObject({ code: 'HYDRA_ERR_NO_DEVICE', keys: ['speculative.devices'] });
+    } finally {
+      await bad.close();
+    }
+  });
+
+  it('a draft whose vocabulary differs from the target is refused by code', async () => {
+    const other = join(dir, 'tools-draft.gguf');
+    await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 0, out: other, chat: 'tools' });
+    const bad = await startEngine(
+      parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', '-m', target, '-md', other]),
+      { log: { write: () => true } },
+    );
+    try {
+      await bad.loaded;
+      expect(bad.loadError).toMatchObject({ code: 'HYDRA_ERR_DRAFT_INCOMPATIBLE' });
+    } finally {
+      await bad.close();
+    }
+  });
+});
