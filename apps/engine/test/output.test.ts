@@ -84,3 +84,74 @@ describe('TextOutput', () => {
     expect(out.end()).toBe('\uFFFD');
   });
 });
+
+describe('TextOutput marks (token probabilities)', () => {
+  /** Pushes each token with its index as mark; records what each push released and the text sent by then. */
+  function marked(s: string, cuts: number[], stops: string[]) {
+    const out = new TextOutput<number>(stops);
+    const toks = tokens(s, cuts);
+    const starts: number[] = [];
+    const released: { mark: number; sent: number; end: boolean }[] = [];
+    let sent = '';
+    for (let i = 0; i < toks.length; i++) {
+      starts.push(out.decoded);
+      sent += out.push(toks[i]!, i);
+      for (const m of out.take()) released.push({ mark: m, sent: sent.length, end: out.stopped });
+      if (out.stopped) break;
+    }
+    if (!out.stopped) {
+      sent += out.end();
+      for (const m of out.take()) released.push({ mark: m, sent: sent.length, end: true });
+    }
+    return { out, toks, starts, released };
+  }
+
+  it('reports every token once, in order, each with or after its first character', () => {
+    fc.assert(
+      fc.property(text, fc.array(fc.nat(200)), (s, cuts) => {
+        const { toks, starts, released } = marked(s, cuts, []);
+        expect(released.map((r) => r.mark)).toEqual(toks.map((_, i) => i));
+        for (const r of released) if (!r.end) expect(r.sent).toBeGreaterThan(starts[r.mark]!);
+      }),
+      { numRuns: 500 },
+    );
+  });
+
+  it('with a stop string: exactly the tokens whose text starts before the cut', () => {
+    fc.assert(
+      fc.property(text, fc.array(fc.nat(200)), fc.array(stop, { maxLength: 3 }), (s, cuts, stops) => {
+        const { out, toks, starts, released } = marked(s, cuts, stops);
+        const cut = out.text.length;
+        const want = out.stopped
+          ? toks.map((_, i) => i).filter((i) => i < starts.length && starts[i]! < cut)
+          : toks.map((_, i) => i);
+        expect(released.map((r) => r.mark)).toEqual(want);
+        for (const r of released) if (!r.end) expect(r.sent).toBeGreaterThan(starts[r.mark]!);
+      }),
+      { numRuns: 1000 },
+    );
+  });
+
+  it('a token cut wholly by the stop string is dropped, one that gave text before it is kept', () => {
+    const out = new TextOutput<string>(['STOP']);
+    const enc = (t: string) => new TextEncoder().encode(t);
+    expect(out.push(enc('ab'), 'ab')).toBe('ab');
+    expect(out.take()).toEqual(['ab']);
+    expect(out.push(enc('cST'), 'cST')).toBe('c');
+    expect(out.take()).toEqual(['cST']);
+    expect(out.push(enc('O'), 'O')).toBe('');
+    expect(out.push(enc('P!'), 'P!')).toBe('');
+    expect(out.stopped).toBe(true);
+    expect(out.take()).toEqual([]);
+    expect(out.text).toBe('abc');
+  });
+
+  it('a token that ends inside a character goes out with the one that completes it', () => {
+    const out = new TextOutput<number>([]);
+    const euro = new TextEncoder().encode('€');
+    expect(out.push(euro.subarray(0, 1), 0)).toBe('');
+    expect(out.take()).toEqual([]);
+    expect(out.push(euro.subarray(1), 1)).toBe('€');
+    expect(out.take()).toEqual([0, 1]);
+  });
+});

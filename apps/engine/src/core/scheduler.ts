@@ -1,9 +1,9 @@
 // The scheduler: the bounded queue, the `n_parallel` slots and the continuous-batching loop that
 // assembles each decode step. It serves the model and context the runtime attaches and knows
 // nothing of how they were made; the runtime holds it (hold/whenIdle) around every rebuild.
-import type { Context, DecodeEntry, Model, Sampler } from '@hydra-engine/native-ggml';
+import type { Context, DecodeEntry, Model, Sampler, TokenProbs } from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
-import { TextOutput } from './output.js';
+import { TextOutput, type TokenProb } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
 import { mayGuessAfter, ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
 import type {
@@ -17,7 +17,7 @@ import type {
 interface Job {
   prompt: Int32Array;
   params: GenerationParams;
-  onText: ((text: string) => void) | undefined;
+  onText: ((text: string, probs?: TokenProb[]) => void) | undefined;
   onToken: ((token: number) => void) | undefined;
   signal: AbortSignal | undefined;
   epoch: number;
@@ -44,7 +44,9 @@ interface Job {
   pos: number;
   last: number;
   generated: number[];
-  output: TextOutput;
+  output: TextOutput<TokenProb>;
+  /** Probabilities of the tokens whose text reached the client (GenerationParams.probs). */
+  reported: TokenProb[];
   maxTokens: number;
   /** Speculative decoding of this job (the settings in force at admission), else undefined. */
   spec:
@@ -79,11 +81,17 @@ interface Step {
   jobs: Job[];
   /** Prompt tokens each entry feeds (0: a generated token); undefined when all are 0. */
   chunks: number[] | undefined;
-  result: Promise<{ tokens: Int32Array; runs?: (Int32Array | null)[] }>;
+  result: Promise<{ tokens: Int32Array; runs?: (Int32Array | null)[]; probs?: (TokenProbs | null)[] }>;
   queuedAt: number;
 }
 
 const RATE_WINDOW_MS = 10_000;
+
+/** A decode entry's probability fields for `job` (at least one candidate: the sampled token's own). */
+function probsEntry(job: Job): { probs?: number; postSampling?: boolean } {
+  const p = job.params.probs;
+  return p ? { probs: Math.max(1, p.n), postSampling: p.postSampling } : {};
+}
 
 export interface SchedulerOptions {
   maxQueue: number;
@@ -415,7 +423,8 @@ export class Scheduler {
         pos: 0,
         last: -1,
         generated: [],
-        output: new TextOutput(params.stop),
+        output: new TextOutput<TokenProb>(params.stop),
+        reported: [],
         maxTokens: Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length)),
         spec: undefined,
       };
@@ -516,7 +525,9 @@ export class Scheduler {
       ) {
         job.sampler.accept(job.prompt);
       }
-      const spec = model.info.recurrent || !speculable(job.params.sampler) ? undefined : this.#speculative();
+      // Probabilities are computed one token a step (llama-server reports none for drafted tokens).
+      const unspeculable = model.info.recurrent || !speculable(job.params.sampler) || job.params.probs !== undefined;
+      const spec = unspeculable ? undefined : this.#speculative();
       if (spec)
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
       this.#specTally[i] = job.spec?.tally;
@@ -552,7 +563,7 @@ export class Scheduler {
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
         }
         ahead = this.#chain(step);
-        let out: { tokens: Int32Array; runs?: (Int32Array | null)[] };
+        let out: { tokens: Int32Array; runs?: (Int32Array | null)[]; probs?: (TokenProbs | null)[] };
         // A step queued ahead starts on the device when the one before it ends.
         const started = Math.max(step.queuedAt, this.#lastStepEnd);
         this.#decodeSince = started;
@@ -609,7 +620,7 @@ export class Scheduler {
           const run = out.runs?.[i];
           if (job.failure) this.#release(job, job.failure);
           else if (run) served += this.#advanceRun(job, run) - 1;
-          else this.#advance(job, out.tokens[i]!);
+          else this.#advance(job, out.tokens[i]!, out.probs?.[i]);
         }
         this.#rate.push({ at: t1, tokens: served });
         // Trimmed here too: nothing else reads it unless /metrics is asked.
@@ -661,6 +672,7 @@ export class Scheduler {
             pos: job.pos,
             tokens: Int32Array.of(job.last),
             sampler: job.sampler!,
+            ...probsEntry(job),
           });
           decodeTokens += 1;
         }
@@ -680,7 +692,7 @@ export class Scheduler {
       chunks.push(n);
       entries.push(
         job.fed + n === job.prompt.length
-          ? { seq: job.slot, pos: job.fed, tokens, sampler: job.sampler! }
+          ? { seq: job.slot, pos: job.fed, tokens, sampler: job.sampler!, ...probsEntry(job) }
           : { seq: job.slot, pos: job.fed, tokens },
       );
     }
@@ -740,14 +752,14 @@ export class Scheduler {
       const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
       if (pos >= this.#nCtxSeq) continue;
       jobs.push(job);
-      entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler });
+      entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler, ...probsEntry(job) });
     }
     if (entries.length === 0) return undefined;
     this.#counters.decodeStepsAhead += 1;
     return this.#decode(this.#ctx, jobs, entries, undefined);
   }
 
-  #advance(job: Job, token: number): void {
+  #advance(job: Job, token: number, probs?: TokenProbs | null): void {
     if (!job.promptFed) {
       job.promptFed = true;
       job.pos = job.prompt.length;
@@ -768,7 +780,7 @@ export class Scheduler {
     job.last = token;
     job.onToken?.(token);
     this.#counters.generatedTokens += 1;
-    this.#send(job, job.output.push(this.#piece(token)));
+    this.#send(job, job.output.push(this.#piece(token), probs ? this.#tokenProb(job, token, probs) : undefined));
     if (job.output.stopped) {
       this.#release(job, 'stop');
       return;
@@ -825,7 +837,24 @@ export class Scheduler {
   }
 
   #send(job: Job, text: string): void {
-    if (text.length > 0) job.onText?.(text);
+    if (!job.params.probs) {
+      if (text.length > 0) job.onText?.(text);
+      return;
+    }
+    const probs = job.output.take();
+    if (probs.length > 0) job.reported.push(...probs);
+    if (text.length > 0 || probs.length > 0) job.onText?.(text, probs);
+  }
+
+  /** The sampled token's probabilities with the pieces of the `n` most likely tokens. */
+  #tokenProb(job: Job, token: number, probs: TokenProbs): TokenProb {
+    const n = Math.min(job.params.probs?.n ?? 0, probs.ids.length);
+    const top: TokenProb['top'] = new Array(n);
+    for (let k = 0; k < n; k++) {
+      const id = probs.ids[k]!;
+      top[k] = { id, bytes: this.#piece(id), prob: probs.probs[k]! };
+    }
+    return { id: token, bytes: this.#piece(token), prob: probs.prob, top, offset: job.output.decoded };
   }
 
   #release(job: Job, outcome: FinishReason | Error): void {
@@ -946,6 +975,7 @@ export class Scheduler {
       epoch: job.epoch,
       slot: job.slot,
       queueMs: job.queueMs,
+      ...(job.params.probs ? { probs: job.reported } : {}),
     });
   }
 

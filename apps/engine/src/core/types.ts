@@ -1,5 +1,6 @@
 import type { SamplerParams } from '@hydra-engine/native-ggml';
 import type { FailoverDecision } from '../combine/failover.js';
+import type { TokenProb } from './output.js';
 
 /** Lifecycle states, as `/health` and Hydra STATUS report them. */
 export type EngineState = 'empty' | 'loading' | 'ready' | 'draining' | 'error';
@@ -13,6 +14,11 @@ export interface GenerationParams {
   stop: string[];
   sampler: SamplerParams;
   ignoreEos: boolean;
+  /**
+   * Report each generated token's probability and its `n` most likely alternatives (llama-server's
+   * n_probs; after the sampler chain with `postSampling`). Such a request is never speculated.
+   */
+  probs?: { n: number; postSampling: boolean };
 }
 
 export interface GenerationResult {
@@ -29,11 +35,17 @@ export interface GenerationResult {
   slot: number;
   /** Milliseconds from submission until it got its slot (the queue wait). */
   queueMs: number;
+  /** With GenerationParams.probs: the tokens whose text is in `text` (a stop string's are not). */
+  probs?: TokenProb[];
 }
 
 export interface SubmitOptions {
-  /** Text as it becomes final (stop strings are never split across or leaked into it). */
-  onText?: (text: string) => void;
+  /**
+   * Text as it becomes final (stop strings are never split across or leaked into it); with
+   * GenerationParams.probs, the probabilities of the tokens that became final with it (then `text`
+   * may be '' at the end: tokens with an empty piece).
+   */
+  onText?: (text: string, probs?: TokenProb[]) => void;
   /** Each generated token id as it is sampled (before stop strings cut the text). */
   onToken?: (token: number) => void;
   /** Aborting frees the slot at the next step; the promise resolves with `finishReason: 'cancelled'`. */
