@@ -11,6 +11,7 @@ import { HydraError } from '../errors.js';
 import { checkSampler, requestSettings } from '../request-params.js';
 import { chatTemplateOptions, generationSettings, stopType } from './llama.js';
 import { badRequest, type RouteContext, type RouteModule, sendError, sendJson } from './plumbing.js';
+import { ResponsesStream, responseObject, responseOutput } from './responses.js';
 
 /** llama-server's `timings` of a native answer (server_slot_stats::to_json). */
 function nativeTimings(
@@ -184,6 +185,10 @@ function choicesPerPrompt(body: Record<string, unknown>, engine: Engine): number
   return n as number;
 }
 
+function unsupportedField(key: string, why: string): HydraError {
+  return new HydraError('HYDRA_ERR_UNSUPPORTED_FIELD', `${key}: ${why}`, { keys: [key] });
+}
+
 function badValue(message: string, key: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_VALUE', message, { keys: [key] });
 }
@@ -199,6 +204,8 @@ interface Choice {
   group: object;
   params: GenerationParams;
   diff?: ChatStreamDiff;
+  /** The Responses events of a streamed `responses` answer. */
+  events?: ResponsesStream;
   /** Generated token ids since the last streamed text (llama-server's native chunks carry them). */
   pendingTokens: number[];
   predicted: number;
@@ -206,14 +213,20 @@ interface Choice {
   result?: GenerationResult;
 }
 
-async function complete(
+/** The answer's shape: OpenAI chat or completions, llama-server's native one, OpenAI Responses. */
+export type CompletionKind = 'chat' | 'completions' | 'native' | 'responses';
+
+/** Runs a completion body (chat bodies: `prepared.chat`) and answers it in `kind`'s shape. */
+export async function complete(
   ctx: RouteContext,
   req: IncomingMessage,
   res: ServerResponse,
   prepared: PreparedBody,
-  chat: boolean,
-  native = false,
+  kind: CompletionKind,
 ): Promise<void> {
+  const chat = kind === 'chat' || kind === 'responses';
+  const native = kind === 'native';
+  const responses = kind === 'responses';
   const { engine } = ctx;
   const { body } = prepared;
   const stream = body.stream === true;
@@ -239,6 +252,7 @@ async function complete(
   }
   const echo = body.echo === true;
   const n = choicesPerPrompt(body, engine);
+  if (responses && n !== 1) throw unsupportedField('n', 'a response has one output');
   let parts: PromptPart[][] | undefined;
   if (prepared.chat) checkPromptBytes(ctx, prepared.chat.bytes, 'messages');
   else if (!prepared.tokens) {
@@ -342,7 +356,7 @@ async function complete(
       });
     }
   }
-  const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
+  const id = responses ? '' : `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID()}`;
   const created = Math.floor(Date.now() / 1000);
   const model = ctx.modelName();
   const abort = new AbortController();
@@ -391,11 +405,18 @@ async function complete(
         c.pendingTokens = [];
       };
     let first = true;
-    const send = (delta: Record<string, unknown>) => {
-      head(epochHeaders);
-      write(chunk(c, first && chat ? { role: 'assistant', ...delta } : delta, null));
-      first = false;
-    };
+    const send = responses
+      ? (delta: Record<string, unknown>) => c.events!.delta(delta)
+      : (delta: Record<string, unknown>) => {
+          head(epochHeaders);
+          write(chunk(c, first && chat ? { role: 'assistant', ...delta } : delta, null));
+          first = false;
+        };
+    if (responses)
+      c.events = new ResponsesStream((event, data) => {
+        head(epochHeaders);
+        res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+      });
     // OpenAI's echo streams the prompt first.
     if (echo) send({ content: c.prompt.text });
     // Parsing the text so far after every piece (as llama-server) is only needed where it can
@@ -455,6 +476,7 @@ async function complete(
       // Each choice's end goes out as it ends (OpenAI streams finish_reason per choice).
       if (stream && !native && r.finishReason !== 'cancelled') {
         if (c.diff) await c.diff.end();
+        if (responses) return;
         head({ 'x-hydra-config-epoch': String(r.epoch) });
         const finish = c.diff?.calledTools && r.finishReason === 'stop' ? 'tool_calls' : r.finishReason;
         write(chunk(c, chat ? {} : { content: '' }, finish));
@@ -470,8 +492,9 @@ async function complete(
     if (res.headersSent) {
       const e = err as HydraError;
       write({ error: { message: e.message, code: e.code ?? 'HYDRA_ERR_INTERNAL' } });
-      // The terminator too: an OpenAI client waits for it to tell an ended stream from a cut one.
-      res.end('data: [DONE]\n\n');
+      // The terminator too: an OpenAI client waits for it to tell an ended stream from a cut one
+      // (llama-server ends a Responses stream without one).
+      res.end(responses ? undefined : 'data: [DONE]\n\n');
       return;
     }
     throw err;
@@ -543,6 +566,31 @@ async function complete(
     }
     // llama-server: one result is an object, several (prompts x n) an array.
     ctx.send(res, 200, finals.length === 1 ? finals[0] : finals);
+    return;
+  }
+  if (responses) {
+    const counts = {
+      prompt_tokens: promptTokens,
+      completion_tokens: completionTokens,
+      cached_tokens: cachedTokens,
+    };
+    const c = choices[0]!;
+    if (stream) {
+      c.events!.end(model, counts);
+      res.end();
+      return;
+    }
+    const r = c.result!;
+    const reply = rendered
+      ? await chatReply(r.text, rendered, r.finishReason)
+      : { message: { role: 'assistant', content: r.text } };
+    const ids = { message: `msg_${randomUUID()}`, reasoning: `rs_${randomUUID()}` };
+    sendJson(
+      res,
+      200,
+      responseObject(`resp_${randomUUID()}`, model, responseOutput(reply.message, ids), counts),
+      headers,
+    );
     return;
   }
   if (stream) {
@@ -630,6 +678,7 @@ export const completionRoutes: RouteModule = (ctx) => async (req, res, _url, pat
   const chat = path.endsWith('/chat/completions');
   const prepared = await ctx.bodies.parse(data, chat, ctx.messageLimit(), chat && ctx.opts.jinja !== false);
   // llama-server: /completion and /completions answer in its own shape, /v1/completions in OpenAI's.
-  await complete(ctx, req, res, prepared, chat, path === '/completion' || path === '/completions');
+  const kind = chat ? 'chat' : path === '/completion' || path === '/completions' ? 'native' : 'completions';
+  await complete(ctx, req, res, prepared, kind);
   return true;
 };

@@ -7,6 +7,7 @@ import { healthRoutes } from './health.js';
 import { llamaRoutes } from './llama.js';
 import { modelRoutes } from './models.js';
 import type { RouteModule } from './plumbing.js';
+import { responsesRoutes } from './responses.js';
 
 export const ROUTE_MODULES: readonly RouteModule[] = [
   healthRoutes,
@@ -14,4 +15,5 @@ export const ROUTE_MODULES: readonly RouteModule[] = [
   llamaRoutes,
   modelRoutes,
   completionRoutes,
+  responsesRoutes,
 ];
