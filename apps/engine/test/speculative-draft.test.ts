@@ -19,7 +19,15 @@ let plain: Eng;
 
 async function pair(scale: number): Promise<string> {
   const out = join(dir, `target-${scale}.gguf`);
-  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 0, out, extraLayers: 4, extraScale: scale });
+  await writeSyntheticModel({
+    arch: 'llama',
+    shape: 'tiny',
+    quant: 'q8_0',
+    seed: 0,
+    out,
+    extraLayers: 4,
+    extraScale: scale,
+  });
   return out;
 }
 
@@ -125,7 +133,11 @@ describe('draft-model speculative decoding', () => {
       // p_min 1: no guess of random weights is that sure among the top 10.
       expect((await run({ 'speculative.n_min': 0, 'speculative.p_min': 1 })).drafted).toBe(0);
     } finally {
-      spec.engine.layers.configure({ 'speculative.n_max': 4, 'speculative.n_min': 0, 'speculative.p_min': 0 });
+      spec.engine.layers.configure({
+        'speculative.n_max': 4,
+        'speculative.n_min': 0,
+        'speculative.p_min': 0,
+      });
       await spec.engine.reconfigure('context');
     }
   });
@@ -142,7 +154,20 @@ describe('draft-model speculative decoding', () => {
       await eng.close();
     }
     const bad = await startEngine(
-      parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', '-m', target, '-md', draft, '-devd', 'NoSuchDevice0']),
+      parseServeArgs([
+        '--port',
+        '0',
+        '--progress',
+        'off',
+        '-t',
+        '1',
+        '-m',
+        target,
+        '-md',
+        draft,
+        '-devd',
+        'NoSuchDevice0',
+      ]),
       { log: { write: () => true } },
     );
     try {
@@ -155,7 +180,14 @@ describe('draft-model speculative decoding', () => {
 
   it('a draft whose vocabulary differs from the target is refused by code', async () => {
     const other = join(dir, 'tools-draft.gguf');
-    await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 0, out: other, chat: 'tools' });
+    await writeSyntheticModel({
+      arch: 'llama',
+      shape: 'tiny',
+      quant: 'q8_0',
+      seed: 0,
+      out: other,
+      chat: 'tools',
+    });
     const bad = await startEngine(
       parseServeArgs(['--port', '0', '--progress', 'off', '-t', '1', '-m', target, '-md', other]),
       { log: { write: () => true } },

@@ -64,11 +64,10 @@ export class DraftRuntime {
     }
     await this.free();
     const model = await Model.load(params).catch((err: unknown) => {
-      throw new HydraError(
-        'HYDRA_ERR_LOAD_FAILED',
-        `draft model ${params.path}: ${(err as Error).message}`,
-        { keys: ['speculative.model'], cause: err },
-      );
+      throw new HydraError('HYDRA_ERR_LOAD_FAILED', `draft model ${params.path}: ${(err as Error).message}`, {
+        keys: ['speculative.model'],
+        cause: err,
+      });
     });
     try {
       this.#check(target, model);

@@ -83,18 +83,27 @@ export function parseSynthArgs(argv: readonly string[]): SynthArgs {
       `--shape ${shape} does not exist for --arch ${arch} (${SYNTH_ARCH_SHAPES[arch].join(', ')})`,
     );
   }
-  const parsed: SynthArgs = { arch, shape, quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS), seed, out };
+  const parsed: SynthArgs = {
+    arch,
+    shape,
+    quant: oneOf('quant', seen.get('quant') ?? 'q8_0', SYNTH_QUANTS),
+    seed,
+    out,
+  };
   const extraText = seen.get('extra-layers');
   if (extraText !== undefined) {
     const n = /^[0-9]{1,3}$/.test(extraText) ? Number(extraText) : Number.NaN;
-    if (!(n >= 1 && n <= 256)) throw bad('extra-layers', `--extra-layers must be an integer in [1, 256], got ${extraText}`);
-    if (arch !== 'llama' && arch !== 'moe') throw bad('extra-layers', '--extra-layers needs --arch llama or moe');
+    if (!(n >= 1 && n <= 256))
+      throw bad('extra-layers', `--extra-layers must be an integer in [1, 256], got ${extraText}`);
+    if (arch !== 'llama' && arch !== 'moe')
+      throw bad('extra-layers', '--extra-layers needs --arch llama or moe');
     parsed.extraLayers = n;
   }
   const scaleText = seen.get('extra-scale');
   if (scaleText !== undefined) {
     const x = /^[0-9]+(\.[0-9]+)?$/.test(scaleText) ? Number(scaleText) : Number.NaN;
-    if (!(x >= 0 && x <= 16)) throw bad('extra-scale', `--extra-scale must be a number in [0, 16], got ${scaleText}`);
+    if (!(x >= 0 && x <= 16))
+      throw bad('extra-scale', `--extra-scale must be a number in [0, 16], got ${scaleText}`);
     if (parsed.extraLayers === undefined) throw bad('extra-scale', '--extra-scale needs --extra-layers');
     parsed.extraScale = x;
   }
