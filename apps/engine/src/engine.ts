@@ -13,6 +13,7 @@ import {
   type GenerationResult,
   type Logger,
   newCounters,
+  type PeerEvents,
   type SubmitOptions,
 } from './core/types.js';
 import { HydraError } from './errors.js';
@@ -24,9 +25,12 @@ export type {
   EngineCounters,
   EngineState,
   ExpertMode,
+  FailoverAnswer,
   FinishReason,
   GenerationParams,
   GenerationResult,
+  PeerEvents,
+  PeerLossEvent,
   SubmitOptions,
 } from './core/types.js';
 
@@ -225,16 +229,22 @@ export class Engine {
     return this.#runtime.setExpertMode(mode);
   }
 
-  /** Called after a lost peer was dropped from the configuration (the control plane resyncs). */
-  onPeerLost(listener: () => void): void {
-    this.#runtime.onPeerLost(listener);
+  /**
+   * Sets the one listener of peer losses and rejoins: the owner of {@link layers} and the deferral
+   * policy (the controller). It answers each loss with what to build and writes the layers itself.
+   * @throws HydraError `HYDRA_ERR_BAD_ARGUMENT` when a listener is already set.
+   */
+  setPeerEvents(events: PeerEvents): void {
+    this.#runtime.setPeerEvents(events);
   }
 
   /**
-   * Peer loss: ends the running requests with `HYDRA_ERR_PEER_LOST`, abandons (never frees) the
-   * models and contexts that used the peers, drops `rpc_servers` from the configuration and loads
-   * the same model SOLO; queued requests run on it. `degraded` says why until the next load the
-   * operator asks for. A decode step stuck on the peer is left parked in its native thread.
+   * Peer loss: tells the {@link setPeerEvents} listener (which drops `rpc_servers` from the
+   * configuration and answers what to build per `failover_policy`), ends the running requests with
+   * `HYDRA_ERR_PEER_LOST`, abandons (never frees) the models and contexts that used the peers and
+   * loads the model as answered (SOLO or offload); queued requests run on it. Without a listener
+   * nothing is reloaded. `degraded` says why until the next load the operator asks for. A decode
+   * step stuck on the peer is left parked in its native thread.
    */
   failOver(reason: string, peers: string[]): Promise<void> {
     return this.#runtime.failOver(reason, peers);

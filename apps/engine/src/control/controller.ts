@@ -3,12 +3,28 @@ import { totalmem } from 'node:os';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import { fitToWire, modelClassOf, resolveCombine } from '@hydra-engine/resolver';
-import { type Decision, DeferralPolicy, normalize, type PlanResult, plan } from '@hydra-engine/tiering';
+import {
+  type Decision,
+  DeferralPolicy,
+  normalize,
+  type Params,
+  type PlanResult,
+  plan,
+} from '@hydra-engine/tiering';
 import { freshDevices, peerDeviceNames } from '../combine/devices.js';
+import { decideFailover } from '../combine/failover.js';
 import { samplerParamsFrom } from '../core/params.js';
-import type { Engine, ExpertMode } from '../engine.js';
+import type { Engine, ExpertMode, FailoverAnswer, PeerLossEvent } from '../engine.js';
 import { HydraError } from '../errors.js';
-import { checkContext, type EngineFit, fitOf, modelFacts, readGgufFile, wontFit } from '../placement.js';
+import {
+  checkContext,
+  type EngineFit,
+  fitOf,
+  hostFreeBytes,
+  modelFacts,
+  readGgufFile,
+  wontFit,
+} from '../placement.js';
 import { checkSampler } from '../request-params.js';
 
 const SAMPLER_KEYS = {
@@ -212,6 +228,8 @@ export class Controller {
   #timer: NodeJS.Timeout | undefined;
   /** The drain's hold of admission (past the drain timeout), until the waiting changes are applied or withdrawn. */
   #drainRelease: (() => void) | undefined;
+  /** The COMBINE keys the last peer loss replaced, and the failover's, for its rejoin. */
+  #loss: { previous: Params; fallback: Params } | undefined;
   #appliedWaiters: (() => void)[] = [];
   readonly #snapshots = new Map<number, Snapshot>();
   readonly #uploads = new Map<number, Upload>();
@@ -246,12 +264,10 @@ export class Controller {
     this.#stateTimeoutMs = positive('stateTimeoutMs', 60_000);
     this.#maxUploadBytes = positive('maxStateUploadBytes', MAX_STATE_BYTES);
     this.#policy = this.#freshPolicy();
-    // A lost peer was dropped from the configuration behind the policy's back: start over from
-    // what is applied now (waiting changes are dropped, as after a failed reload).
-    engine.onPeerLost(() => {
-      this.#snapshots.clear();
-      this.#uploads.clear();
-      this.#policy = this.#freshPolicy();
+    engine.setPeerEvents({
+      lost: (event) => this.#peerLost(event),
+      rejoined: () => this.#adopt(this.#loss?.previous),
+      rejoinFailed: () => this.#adopt(this.#loss?.fallback),
     });
     engine.onSlotsChanged((busy) => {
       // Called from inside the decode loop: a policy error must not unwind into it. A failed
@@ -265,6 +281,71 @@ export class Controller {
       }
       this.#carry(decision).catch(() => undefined);
     });
+  }
+
+  /**
+   * A peer loss (the runtime asks before it acts): the waiting changes are dropped (they were meant
+   * for the configuration that is lost, as after a failed reload), the peers leave the layers and
+   * the policy, and `failover_policy` is decided by the planner over the local devices.
+   */
+  #peerLost(event: PeerLossEvent): FailoverAnswer {
+    this.#snapshots.clear();
+    this.#uploads.clear();
+    this.#withdrawPending();
+    const layers = this.engine.layers;
+    const previous: Params = {
+      rpc_servers: layers.get('rpc_servers'),
+      n_gpu_layers: layers.get('n_gpu_layers'),
+    };
+    const cfg: Params = { ...layers.effective(), rpc_servers: [] };
+    const decision = event.facts
+      ? decideFailover(event.facts, cfg, this.engine.devices(), hostFreeBytes())
+      : undefined;
+    const build = decision?.policy ?? (cfg.failover_policy === 'none' ? 'none' : 'solo');
+    this.#adopt(
+      build === 'offload' ? { rpc_servers: [], n_gpu_layers: decision!.n_gpu_layers } : { rpc_servers: [] },
+    );
+    this.#loss = { previous, fallback: { rpc_servers: [], n_gpu_layers: layers.get('n_gpu_layers') } };
+    return { build, decision, rejoin: cfg.peer_rejoin !== false };
+  }
+
+  /** Drops every waiting change from the policy (each set back to its applied value). */
+  #withdrawPending(): void {
+    const pending = this.#policy.pending;
+    if (pending.length === 0) return;
+    this.#policy.submit({ changes: pending.map((c) => ({ ...c, to: c.from })) }, this.#clock());
+    this.#settleDrain();
+  }
+
+  /** Re-arms the drain timer and ends the drain's hold once nothing waits any more. */
+  #settleDrain(): void {
+    this.#arm();
+    if (this.#drainRelease && !this.#policy.draining) {
+      this.#drainRelease();
+      this.#drainRelease = undefined;
+    }
+  }
+
+  /**
+   * Puts `delta` in force at once, in the policy and the layers alike, whatever the slots: the
+   * runtime builds it next (a failover or a rejoin). Changes still waiting come along (that load
+   * rebuilds everything anyway).
+   */
+  #adopt(delta: Params | undefined): void {
+    if (!delta) return;
+    const policy = this.#policy;
+    const now = this.#clock();
+    const busy = policy.busySlots;
+    const waiting = policy.setBusySlots(0, now).apply;
+    const d = policy.submit(plan(policy.target, delta), now);
+    policy.setBusySlots(busy, now);
+    this.engine.layers.record([...waiting, ...d.apply]);
+    this.#settleDrain();
+  }
+
+  /** The deferral policy's epoch: each applied change set (CONFIGURE, a deferred rebuild, a failover, a rejoin) bumps it once. */
+  get policyEpoch(): number {
+    return this.#policy.epoch;
   }
 
   #freshPolicy(): DeferralPolicy {

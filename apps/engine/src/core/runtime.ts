@@ -19,7 +19,6 @@ import {
   registerPeer,
   safeDevices,
 } from '../combine/devices.js';
-import { decideFailover } from '../combine/failover.js';
 import { watchPeers } from '../combine/load-watch.js';
 import { expertOverrides, isMoe } from '../combine/moe.js';
 import { tellPeersWeights } from '../combine/peer-weights.js';
@@ -29,15 +28,23 @@ import {
   checkContext,
   computePlacement,
   type FitSettings,
-  hostFreeBytes,
   modelFacts,
   type Placement,
-import { DraftRuntime } from './draft.js';
   resolveAuto,
 } from '../placement.js';
+import { DraftRuntime } from './draft.js';
 import { contextParamsFrom, modelParamsFrom } from './params.js';
 import type { Scheduler } from './scheduler.js';
-import type { Degraded, EngineCounters, EngineState, ExpertMode, Logger } from './types.js';
+import type {
+  Degraded,
+  EngineCounters,
+  EngineState,
+  ExpertMode,
+  FailoverAnswer,
+  Logger,
+  PeerEvents,
+  PeerLossEvent,
+} from './types.js';
 
 /** How long a rejoin waits for a lost peer's registration. */
 const REJOIN_REGISTER_MS = 15_000;
@@ -345,9 +352,11 @@ export class Runtime {
       this.#lastError = (err as Error).message;
       if (stillLost && !this.#failingOver) {
         this.#facts = facts;
-        await this.failOver(`peer ${stillLost.peer} lost during a load is still gone: ${stillLost.why}`, [
-          ...((cfg.rpc_servers as string[]) ?? []),
-        ]);
+        await this.failOver(
+          `peer ${stillLost.peer} lost during a load is still gone: ${stillLost.why}`,
+          [...((cfg.rpc_servers as string[]) ?? [])],
+          'load',
+        );
         return;
       }
       if (err instanceof HydraError && err.code !== 'HYDRA_ERR_INTERNAL') throw err;
@@ -442,7 +451,7 @@ export class Runtime {
             setTimeout(() => {
               // Unless the watchdog saw the loss first and has failed over already.
               if (peers.length > 0 && (this.#layers.get('rpc_servers') as string[]).join() === peers.join())
-                void this.failOver(err.message, peers).catch(() => undefined);
+                void this.failOver(err.message, peers, 'context').catch(() => undefined);
             }, 0);
             throw err;
           }
@@ -507,12 +516,15 @@ export class Runtime {
     });
   }
 
-  onPeerLost(listener: () => void): void {
-    this.#peerLostListeners.push(listener);
+  /** Sets the one listener of peer losses and rejoins (the controller); see {@link PeerEvents}. */
+  setPeerEvents(events: PeerEvents): void {
+    if (this.#peerEvents)
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'peer events already have a listener');
+    this.#peerEvents = events;
   }
 
   /** See `Engine.failOver`. */
-  async failOver(reason: string, peers: string[]): Promise<void> {
+  async failOver(reason: string, peers: string[], cause: PeerLossEvent['cause'] = 'watchdog'): Promise<void> {
     if (this.#failingOver) return;
     this.#failingOver = true;
     this.#rejoin?.rejoin.stop();
@@ -524,12 +536,32 @@ export class Runtime {
       const err = new HydraError('HYDRA_ERR_PEER_LOST', `the request ended: ${reason}`, {
         details: { peers },
       });
+      const standby = this.#standby;
+      const held = [
+        `the COMBINE model's weights on this host's devices (${this.#modelPath ?? 'unknown'})`,
+        "the COMBINE context's KV cache and compute buffers on this host's devices",
+      ];
+      // Asked before the requests end: the owner of the configuration drops what waited for the
+      // slots to be free (it was meant for the configuration that is lost) before they are.
+      let answer: FailoverAnswer = { build: 'none', decision: undefined, rejoin: false };
+      try {
+        answer =
+          this.#peerEvents?.lost({
+            peers: [...peers],
+            reason,
+            cause,
+            atOnce: { endRequests: this.#scheduler.busy, abandon: held, freeStandby: standby !== undefined },
+            facts: this.#facts,
+          }) ?? answer;
+      } catch (e) {
+        // What must happen at once still happens; nothing is rebuilt on an answer that failed.
+        this.#log.warn(`hydra-engine: the peer loss listener failed: ${(e as Error).message}`);
+      }
       // Freeing the COMBINE model or its context frees their buffers on the dead peer too
       // (FREE_BUFFER over a parked dispatcher: it would never return), so both stay referenced.
       // The MoE standby was loaded on local devices only: it is freed.
       ABANDONED.push(this.#model, this.#scheduler.ctx);
       this.#scheduler.abandon(err);
-      const standby = this.#standby;
       this.#model = undefined;
       this.#standby = undefined;
       if (standby) {
@@ -537,32 +569,16 @@ export class Runtime {
         standby.model.dispose();
       }
       degraded.held = {
-        what: [
-          `the COMBINE model's weights on this host's devices (${this.#modelPath ?? 'unknown'})`,
-          "the COMBINE context's KV cache and compute buffers on this host's devices",
-        ],
+        what: held,
         why: "llama.cpp frees a model's or context's buffers on every backend together, the peer's included; a free sent to the lost peer's parked ggml-RPC dispatcher never returns",
       };
-      // Restored on rejoin: the keys the failover changes, as they were.
-      const previous: Params = {
-        rpc_servers: [...(this.#layers.get('rpc_servers') as string[])],
-        n_gpu_layers: this.#layers.get('n_gpu_layers'),
-      };
-      this.#layers.configure({ rpc_servers: [] });
-      const cfg = this.#layers.effective();
-      const decision = this.#facts
-        ? decideFailover(this.#facts, cfg, this.devices(), hostFreeBytes())
-        : undefined;
-      const policy = decision?.policy ?? ((cfg.failover_policy as string) === 'none' ? 'none' : 'solo');
-      if (decision) degraded.failover = decision;
-      if (policy === 'offload') this.#layers.configure({ n_gpu_layers: decision!.n_gpu_layers });
-      const fallback: Params = { rpc_servers: [], n_gpu_layers: this.#layers.get('n_gpu_layers') };
-      for (const l of this.#peerLostListeners) l();
+      if (answer.decision) degraded.failover = answer.decision;
+      const policy = answer.build;
       this.#log.warn(
         `hydra-engine: HYDRA_ERR_PEER_LOST: ${reason}; failover ${policy}` +
-          (policy === 'offload' ? ` with n_gpu_layers ${decision!.n_gpu_layers}` : ''),
+          (policy === 'offload' ? ` with n_gpu_layers ${this.#layers.get('n_gpu_layers')}` : ''),
       );
-      if (cfg.peer_rejoin !== false) this.#startRejoin(degraded, peers, previous, fallback);
+      if (answer.rejoin) this.#startRejoin(degraded, peers);
       else degraded.rejoin = { enabled: false, probes: 0 };
       if (policy === 'none') {
         this.#scheduler.rejectQueued(err);
@@ -577,8 +593,9 @@ export class Runtime {
     }
   }
 
-  /** Probes the lost peers and restores `previous` (their COMBINE configuration) when they answer. */
-  #startRejoin(degraded: Degraded, peers: string[], previous: Params, fallback: Params): void {
+  /** Probes the lost peers and has their COMBINE configuration restored when they answer. */
+  #startRejoin(degraded: Degraded, peers: string[]): void {
+    const events = this.#peerEvents!;
     const rejoin = new PeerRejoin({
       peers,
       probe: (p, t) => probeRpcServer(p, t),
@@ -590,11 +607,11 @@ export class Runtime {
         // leaves the failover model serving. Bounded: a ggml-RPC thread parked while dialing
         // holds llama.cpp's dispatcher mutex (get_dispatcher), and no registration returns again.
         for (const p of peers) await withTimeout(registerPeer(p), REJOIN_REGISTER_MS, `registering ${p}`);
-        this.#layers.configure(previous);
+        events.rejoined({ peers: [...peers] });
         try {
           await this.load();
         } catch (err) {
-          this.#layers.configure(fallback);
+          events.rejoinFailed({ peers: [...peers], error: err as Error });
           this.#failingOver = true;
           try {
             await this.load();

@@ -1,4 +1,5 @@
 import type { SamplerParams } from '@hydra-engine/native-ggml';
+import type { ModelFacts } from '@hydra-engine/resolver';
 import type { FailoverDecision } from '../combine/failover.js';
 import type { TokenProb } from './output.js';
 
@@ -108,6 +109,54 @@ export interface Degraded {
     last_error?: string;
     gave_up?: boolean;
   };
+}
+
+/**
+ * A COMBINE peer loss, as the runtime reports it to the one owner of the configuration (the
+ * controller) through {@link PeerEvents.lost}. The runtime has marked the peers lost and, right
+ * after the answer, does what it must at once whatever the answer (`atOnce`): the model and context
+ * on the lost peer can never serve or be freed again.
+ */
+export interface PeerLossEvent {
+  /** The peers dropped: every configured one (the model used all of them: one loss breaks its graph). */
+  peers: string[];
+  reason: string;
+  /** What saw the loss: the watchdog (or a caller of `Engine.failOver`), a model load, a context rebuild. */
+  cause: 'watchdog' | 'load' | 'context';
+  /** What the runtime does at once, before it builds what the answer asks. */
+  atOnce: {
+    /** Running requests ended with `HYDRA_ERR_PEER_LOST`. */
+    endRequests: number;
+    /** The model and context left referenced, never freed (their buffers live on the lost peer too). */
+    abandon: string[];
+    /** The MoE standby (local devices only) is freed. */
+    freeStandby: boolean;
+  };
+  /** Facts of the model that served (the failover planner's input); undefined when none was loaded. */
+  facts: ModelFacts | undefined;
+}
+
+/** What the runtime builds after a peer loss: the controller's answer to a {@link PeerLossEvent}. */
+export interface FailoverAnswer {
+  /** `solo`/`offload`: reload the model in force without the peers (the layers say how); `none`: nothing. */
+  build: 'solo' | 'offload' | 'none';
+  /** The planner's figures the answer was taken on (STATUS `degraded.failover`); undefined without model facts. */
+  decision: FailoverDecision | undefined;
+  /** Probe the lost peers and offer {@link PeerEvents.rejoined} when they answer (`peer_rejoin`). */
+  rejoin: boolean;
+}
+
+/**
+ * The runtime's peer events and their one listener, the owner of the configuration layers and
+ * the deferral policy: the runtime never writes the layers itself.
+ */
+export interface PeerEvents {
+  /** A peer loss (called once per loss, before the runtime acts): update the layers, answer what to build. */
+  lost(event: PeerLossEvent): FailoverAnswer;
+  /** The lost peers answer again and are registered: put their COMBINE configuration back in force (the runtime loads it next). */
+  rejoined(event: { peers: string[] }): void;
+  /** The rejoin's load failed: put the failover configuration back (the runtime loads it next). */
+  rejoinFailed(event: { peers: string[]; error: Error }): void;
 }
 
 export interface Logger {
