@@ -300,9 +300,12 @@ static Napi::Value parked_info(const Napi::CallbackInfo & info) {
     return out;
 }
 
+void hydra_rpc_stats_init(Napi::Env env, Napi::Object exports);  // hydra_rpc_stats.cpp: per-peer accounting
+
 void hydra_combine_init(Napi::Env env, Napi::Object exports) {
     exports.Set("rpcWeightsIndexAdd", Napi::Function::New(env, weights_index_add));
     exports.Set("rpcWeightsIndexInfo", Napi::Function::New(env, weights_index_info));
     exports.Set("rpcAbortParkInstall", Napi::Function::New(env, abort_park_install));
     exports.Set("rpcParkedInfo", Napi::Function::New(env, parked_info));
+    hydra_rpc_stats_init(env, exports);
 }
