@@ -109,6 +109,86 @@ describe('draft-model speculative decoding', () => {
     expect(st.speculative.drafted).toBe(await metric(spec, 'hydra_spec_drafted_total'));
   });
 
+  it('stops where the plain engine does: max_tokens and stop strings inside accepted runs', async () => {
+    const body = { prompt: PROMPTS[0], max_tokens: 96, ignore_eos: true };
+    const full = await complete(plain, body);
+    expect(await complete(spec, body)).toEqual(full);
+    for (const max of [1, 2, 3, 4, 5, 6, 9, 17, 40, 63])
+      expect(await complete(spec, { ...body, max_tokens: max })).toEqual(
+        await complete(plain, { ...body, max_tokens: max }),
+      );
+    // Stop strings cut from every part of the text: later tokens of a run must not leak.
+    let stops = 0;
+    for (let at = 3; at < full.text.length - 4; at += 11) {
+      const stop = full.text.slice(at, at + 3);
+      if (stop.trim().length === 0) continue;
+      const b2 = { ...body, stop: [stop] };
+      const a = await complete(spec, b2);
+      expect(a).toEqual(await complete(plain, b2));
+      expect(a.finish).toBe('stop');
+      stops += 1;
+    }
+    expect(stops).toBeGreaterThan(5);
+  });
+
+  it('two streams at once and a cached prompt (cache_prompt) give the plain engine output', async () => {
+    const bodies = PROMPTS.slice(0, 2).map((prompt) => ({ prompt, max_tokens: 48, ignore_eos: true }));
+    const a = await Promise.all(bodies.map((b) => complete(spec, b)));
+    const b = await Promise.all(bodies.map((b) => complete(plain, b)));
+    expect(a).toEqual(b);
+    // The KV a speculative run leaves holds exactly the tokens fed; the draft's own KV follows the
+    // slot's new prompt from the prefix it shares with what it holds.
+    const first = { prompt: PROMPTS[2], max_tokens: 30, ignore_eos: true, cache_prompt: true, id_slot: 1 };
+    expect(await complete(spec, first)).toEqual(await complete(plain, first));
+    const again = { ...first, prompt: `${PROMPTS[2]}${a[0]!.text.slice(0, 30)}`, max_tokens: 40 };
+    const x = await complete(spec, again);
+    expect(x).toEqual(await complete(plain, again));
+    expect(x.cached).toBeGreaterThan(0);
+    // A different prompt in the same slot: the draft drops what no longer matches.
+    const other = { ...first, prompt: PROMPTS[1], max_tokens: 40 };
+    expect(await complete(spec, other)).toEqual(await complete(plain, other));
+  });
+
+  it('a cancel inside a speculated stream frees the slot and the next request is unchanged', async () => {
+    const cancelled0 = await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}');
+    const ctl = new AbortController();
+    const res = await fetch(`${spec.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        prompt: PROMPTS[1],
+        max_tokens: 1500,
+        ignore_eos: true,
+        stream: true,
+        temperature: 0,
+      }),
+      signal: ctl.signal,
+    });
+    const reader = res.body!.getReader();
+    const decoder = new TextDecoder();
+    let seen = '';
+    while (seen.split('data:').length < 200) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      seen += decoder.decode(value);
+    }
+    ctl.abort();
+    await reader.read().catch(() => undefined);
+    for (let i = 0; i < 500 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)
+      await new Promise((r) => setTimeout(r, 10));
+    expect(await metric(spec, 'hydra_slots_busy')).toBe(0);
+    expect(await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}')).toBe(cancelled0 + 1);
+    const body = { prompt: PROMPTS[1], max_tokens: 40, ignore_eos: true };
+    expect(await complete(spec, body)).toEqual(await complete(plain, body));
+  });
+
+  it('does not draft for a sampled (temperature > 0) request', async () => {
+    const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
+    const body = { prompt: PROMPTS[0], max_tokens: 32, ignore_eos: true, temperature: 0.7, seed: 5 };
+    expect(await complete(spec, body)).toEqual(await complete(plain, body));
+    expect(await metric(spec, 'hydra_spec_drafted_total')).toBe(drafted0);
+  });
+
   it('n_max, n_min and p_min shape the drafts', async () => {
     const body = { prompt: PROMPTS[0], max_tokens: 48, ignore_eos: true };
     const want = await complete(plain, body);
