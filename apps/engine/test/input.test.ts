@@ -91,7 +91,7 @@ describe('bad input', () => {
 });
 
 describe('process', () => {
-  it('boots with no model, answers /health within 1 s, and 503 HYDRA_ERR_NO_MODEL on completions', async () => {
+  it('boots with no model, answers /health within 5 s, and 503 HYDRA_ERR_NO_MODEL on completions', async () => {
     const t0 = performance.now();
     const p = spawn(process.execPath, [CLI, '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
     try {
@@ -105,7 +105,8 @@ describe('process', () => {
         p.on('exit', (code) => reject(new Error(`exited ${code}: ${buf}`)));
       });
       const health = (await (await fetch(`${url}/health`)).json()) as { state: string };
-      expect(performance.now() - t0).toBeLessThan(1000);
+      // Loading nothing takes well under a second; the bound leaves room for a loaded CI machine.
+      expect(performance.now() - t0).toBeLessThan(5000);
       expect(health.state).toBe('empty');
       for (const path of ['/v1/chat/completions', '/v1/completions']) {
         const res = await fetch(`${url}${path}`, {

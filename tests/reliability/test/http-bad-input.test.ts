@@ -349,26 +349,29 @@ describe('big inputs never stall /health', () => {
     };
   }
 
+  // A blocked JS thread answered /health after 23 s (special tokens) and 4+ min (messages); an
+  // unblocked one within a few ms, and within a few hundred on a loaded 2-core CI machine.
+  const HEALTH_BOUND_MS = 500;
   const specials = JSON.stringify({ prompt: '<|im_end|>'.repeat(99_900), max_tokens: 1 });
   const messages = JSON.stringify({
     messages: Array.from({ length: 150_000 }, (_, i) => ({ role: 'user', content: `message ${i}` })),
     max_tokens: 1,
   });
 
-  it('976 KiB of special tokens: tokenized (100k tokens, too long for a slot) with /health under 100 ms', async () => {
+  it('976 KiB of special tokens: tokenized (100k tokens, too long for a slot) with /health under 500 ms', async () => {
     const r = await whilePolling(big.url, '/v1/completions', specials);
     health.specials976KiB = { ...r, worst: Math.round(r.worst) };
     expect([r.status, r.code]).toEqual([400, 'HYDRA_ERR_PROMPT_TOO_LONG']);
-    expect(r.worst).toBeLessThan(100);
+    expect(r.worst).toBeLessThan(HEALTH_BOUND_MS);
   });
 
-  it('150k chat messages (5 MB): parsed, rendered and tokenized with /health under 100 ms', async () => {
+  it('150k chat messages (5 MB): parsed, rendered and tokenized with /health under 500 ms', async () => {
     expect(messages.length).toBeGreaterThan(5_000_000);
     const r = await whilePolling(big.url, '/v1/chat/completions', messages);
     health.messages150k = { ...r, worst: Math.round(r.worst) };
     expect([r.status, r.code]).toEqual([400, 'HYDRA_ERR_PROMPT_TOO_LONG']);
     expect(r.polls).toBeGreaterThan(1);
-    expect(r.worst).toBeLessThan(100);
+    expect(r.worst).toBeLessThan(HEALTH_BOUND_MS);
   });
 
   it('with the default caps both are refused by size, before any tokenization', async () => {
@@ -376,7 +379,7 @@ describe('big inputs never stall /health', () => {
     try {
       const many = await whilePolling(dflt.url, '/v1/chat/completions', messages);
       expect([many.status, many.code]).toEqual([400, 'HYDRA_ERR_TOO_MANY_MESSAGES']);
-      expect(many.worst).toBeLessThan(100);
+      expect(many.worst).toBeLessThan(HEALTH_BOUND_MS);
       const huge = JSON.stringify({ prompt: '<|im_end|>'.repeat(110_000), max_tokens: 1 });
       const r = await httpRequest(dflt.url, { path: '/v1/completions', body: huge });
       expect([r.status, r.json?.error?.code]).toEqual([413, 'HYDRA_ERR_PROMPT_TOO_LARGE']);
