@@ -1,40 +1,14 @@
 // Engines as their own processes for the COMBINE loss tests (a peer must be killable; a head's
 // parked threads stay its own).
-import { type ChildProcess, spawn } from 'node:child_process';
-import { freePort } from './control-helpers.js';
-import { CLI, waitFor } from './helpers.js';
+import { type EngineProcess, spawnEngine as spawnKitEngine } from '@hydra-engine/test-kit';
 
-export interface Proc {
-  url: string;
-  rpc: string;
-  child: ChildProcess;
-  log(): string;
-}
+/** An engine process with its merged port (`rpc`: the `host:port` a head's `--rpc` takes). */
+export type Proc = EngineProcess & { rpc: string };
 
 /** An engine as its own process (a peer must be killable; a head's parked threads stay its own). */
 export async function spawnEngine(flags: string[], rpcPortWanted?: number): Promise<Proc> {
-  const port = await freePort();
-  const rpcPort = rpcPortWanted ?? (await freePort());
-  const child = spawn(
-    process.execPath,
-    [CLI, '--port', String(port), '--rpc-port', String(rpcPort), '--progress', 'off', '-t', '1', ...flags],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(async () => {
-    if (child.exitCode !== null) throw new Error(`engine exited ${child.exitCode}: ${log}`);
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state: string }>,
-      () => undefined,
-    );
-    if (h?.state === 'error') throw new Error(`engine failed to load: ${log}`);
-    return h !== undefined && (flags.includes('-m') ? h.state === 'ready' : true);
-  }, 60_000);
-  return { url, rpc: `127.0.0.1:${rpcPort}`, child, log: () => log };
+  const options = rpcPortWanted !== undefined ? { rpcPort: rpcPortWanted } : { rpc: true };
+  return (await spawnKitEngine(['-t', '1', ...flags], options)) as Proc;
 }
 
 export async function greedy(

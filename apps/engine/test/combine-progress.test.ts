@@ -1,8 +1,9 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { afterAll, describe, expect, it } from 'vitest';
+import { spawnEngine as spawnCombineEngine } from './combine-helpers.js';
 import { freePort } from './control-helpers.js';
-import { CLI, tinyModel, waitFor } from './helpers.js';
+import { tinyModel, waitFor } from './helpers.js';
 
 // The peer watchdog judges liveness by decode progress: a prompt whose prefill runs far longer than
 // `--peer-stall-ms` on a live peer is fed in n_batch chunks, each one progress, so it is no loss;
@@ -31,29 +32,9 @@ interface Proc {
 
 /** An engine as its own process: a stopped peer parks the head's native threads, not the test's. */
 async function spawnEngine(flags: string[]): Promise<Proc> {
-  const port = await freePort();
-  const rpcPort = await freePort();
-  const child = spawn(
-    process.execPath,
-    [CLI, '--port', String(port), '--rpc-port', String(rpcPort), '--progress', 'off', '-t', '1', ...flags],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  procs.push(child);
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(async () => {
-    if (child.exitCode !== null) throw new Error(`engine exited ${child.exitCode}: ${log}`);
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state: string }>,
-      () => undefined,
-    );
-    if (h?.state === 'error') throw new Error(`engine failed to load: ${log}`);
-    return h !== undefined && (flags.includes('-m') ? h.state === 'ready' : true);
-  }, 60_000);
-  return { url, rpc: `127.0.0.1:${rpcPort}`, child };
+  const e = await spawnCombineEngine(flags);
+  procs.push(e.child);
+  return e;
 }
 
 async function rpcServer(): Promise<Proc> {

@@ -1,43 +1,16 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort } from './control-helpers.js';
-import { CLI, tinyModel, waitFor } from './helpers.js';
+import { type Proc, spawnEngine as spawnCombineEngine } from './combine-helpers.js';
+import { tinyModel } from './helpers.js';
 
 // Issue 18: STATUS (or HELLO, or GET /control/status) within about 2 s of a peer's death listed the
 // devices, which asked the dead peer's RPC device for its memory on the JS thread: /health never
 // answered again and SIGTERM was ignored. The head here polls /control/status the whole time.
 
-interface Proc {
-  url: string;
-  rpc: string;
-  child: ChildProcess;
-  log(): string;
-}
-
 async function spawnEngine(flags: string[], procs: ChildProcess[]): Promise<Proc> {
-  const port = await freePort();
-  const rpcPort = await freePort();
-  const child = spawn(
-    process.execPath,
-    [CLI, '--port', String(port), '--rpc-port', String(rpcPort), '--progress', 'off', '-t', '1', ...flags],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  procs.push(child);
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(async () => {
-    if (child.exitCode !== null) throw new Error(`engine exited ${child.exitCode}: ${log}`);
-    if (log.includes('HYDRA_ERR_')) throw new Error(`engine failed: ${log}`);
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state: string }>,
-      () => undefined,
-    );
-    return h !== undefined && (flags.includes('-m') ? h.state === 'ready' : true);
-  }, 60_000);
-  return { url, rpc: `127.0.0.1:${rpcPort}`, child, log: () => log };
+  const e = await spawnCombineEngine(flags);
+  procs.push(e.child);
+  return e;
 }
 
 /** One GET with its own deadline; resolves with the time it took, or Infinity when it did not answer. */

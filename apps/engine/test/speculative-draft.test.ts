@@ -84,7 +84,6 @@ describe('draft-model speculative decoding', () => {
   it('gives the greedy text of the plain engine and accepts draft guesses', async () => {
     const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
     const accepted0 = await metric(spec, 'hydra_spec_accepted_total');
-    const typed0 = await metric(spec, 'hydra_spec_type_accepted_total{type="draft_simple"}');
     const steps0 = await metric(spec, 'hydra_decode_steps_total');
     let tokens = 0;
     for (const prompt of PROMPTS) {
@@ -104,25 +103,10 @@ describe('draft-model speculative decoding', () => {
     console.log(`draft: drafted ${drafted} accepted ${accepted} steps ${steps} for ${tokens} tokens`);
     const slots = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
     expect(slots.some((x) => (x.draft_n_accepted as number) > 0)).toBe(true);
-    // Per type: every guess of this engine came from the draft model.
-    expect((await metric(spec, 'hydra_spec_type_accepted_total{type="draft_simple"}')) - typed0).toBe(
-      accepted,
-    );
-    expect(await metric(spec, 'hydra_spec_type_drafted_total{type="ngram_simple"}')).toBe(0);
     const st = (await (await fetch(`${spec.url}/control/status`)).json()) as {
-      speculative: {
-        drafted: number;
-        accepted: number;
-        acceptance: number;
-        types: Record<string, { drafted: number; accepted: number; acceptance: number }>;
-      };
+      speculative: { drafted: number; accepted: number; acceptance: number };
     };
     expect(st.speculative.drafted).toBe(await metric(spec, 'hydra_spec_drafted_total'));
-    expect(st.speculative.types.draft_simple!.drafted).toBe(st.speculative.drafted);
-    expect(st.speculative.types.draft_simple!.acceptance).toBeCloseTo(
-      st.speculative.accepted / st.speculative.drafted,
-    );
-    expect(st.speculative.types.ngram_simple!.drafted).toBe(0);
   });
 
   it('stops where the plain engine does: max_tokens and stop strings inside accepted runs', async () => {
@@ -188,8 +172,6 @@ describe('draft-model speculative decoding', () => {
       if (done) break;
       seen += decoder.decode(value);
     }
-    const running = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
-    expect(running.find((x) => x.speculative === true)?.speculative_type).toBe('draft_simple');
     ctl.abort();
     await reader.read().catch(() => undefined);
     for (let i = 0; i < 500 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)

@@ -69,11 +69,9 @@ export interface SlotInfo {
   /** Tokens whose KV the slot keeps for reuse (cache_prompt). */
   cachedTokens: number;
   kvCells: number;
-  /** The running request is speculated (n-gram or draft-model guesses). */
+  /** The running request is speculated (n-gram guesses). */
   speculative: boolean;
   /** Guessed and confirmed tokens of the running or last speculated request (llama-server's draft_n). */
-  /** Its speculative.types (ngram_simple, draft_simple), while one runs. */
-  speculativeType: string | undefined;
   draftN: number;
   draftAccepted: number;
 }
@@ -260,7 +258,6 @@ export class Scheduler {
         speculative: job?.spec !== undefined,
         draftN: tally?.drafted ?? 0,
         draftAccepted: tally?.accepted ?? 0,
-        speculativeType: job?.spec?.settings.type,
       };
     });
   }
@@ -466,51 +463,6 @@ export class Scheduler {
   #slotFor(job: Job): number {
     if (job.slotId !== undefined) return this.#slots[job.slotId] ? -1 : job.slotId;
     let any = -1;
-  /**
-   * Queues embeddings (llama-server's embedding and rerank tasks): each input runs in a free slot's
-   * sequence, between decode steps, in native calls of at most one ubatch (see core/embed-queue.ts).
-   * With the context's pooling, a row per input normalized by `normalize` (common_embd_normalize);
-   * rank pooling, the scores; none, every token's row.
-   */
-  embed(inputs: readonly Int32Array[], normalize: number, signal?: AbortSignal): Promise<Float32Array[]> {
-    const ctx = this.#ctx;
-    if (!ctx) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded');
-    const { nBatch, nUbatch } = ctx.info;
-    const limit = Math.min(nBatch, nUbatch);
-    for (let i = 0; i < inputs.length; i++) {
-      const n = inputs[i]!.length;
-      if (n === 0) throw new HydraError('HYDRA_ERR_BAD_REQUEST', 'Input content cannot be empty', { keys: ['input'] });
-      // A pooled input split across ubatches would pool its last piece only (llama-server's check).
-      if (n > limit)
-        throw new HydraError(
-          'HYDRA_ERR_PROMPT_TOO_LONG',
-          `input ${i} (${n} tokens) is too large to process. increase the physical batch size (current batch size: ${limit})`,
-          { keys: ['input'] },
-        );
-    }
-    if (this.#embeds.requests >= this.#maxQueue) {
-      this.#counters.rejectedQueueFull += 1;
-      throw new HydraError('HYDRA_ERR_QUEUE_FULL', `${this.#embeds.requests} embedding requests queued`);
-    }
-    const rows = this.#embeds.add(inputs, normalize, signal);
-    this.kick();
-    return rows;
-  }
-
-  /** One batch of queued embeddings over the free slots (their cached KV is given up). */
-  async #embedStep(): Promise<void> {
-    const free: number[] = [];
-    for (let i = 0; i < this.#slots.length; i++) if (!this.#slots[i]) free.push(i);
-    // Slots that keep no prompt cache first.
-    free.sort((a, b) => (this.#cache[a]?.length ?? 0) - (this.#cache[b]?.length ?? 0));
-    const used = await this.#embeds.runOne(this.#ctx!, free, Math.min(this.#ctx!.info.nBatch, this.#ctx!.info.nUbatch));
-    for (const i of used) this.#cache[i] = new Int32Array(0);
-  }
-
-  #embedsRunnable(): boolean {
-    return this.#embeds.length > 0 && this.#holders.size === 0 && this.#slots.some((s) => !s);
-  }
-
     for (let i = 0; i < this.#slots.length; i++) {
       if (this.#slots[i]) continue;
       if ((this.#cache[i]?.length ?? 0) === 0) return i;
@@ -605,12 +557,7 @@ export class Scheduler {
           this.#admit();
           const next = this.#assemble();
           if (!next) {
-            if (
-              this.#tasks.length === 0 &&
-              (this.#queue.length === 0 || this.#holders.size > 0) &&
-              !this.#embedsRunnable()
-            )
-              break;
+            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#holders.size > 0)) break;
             continue;
           }
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
@@ -728,7 +675,6 @@ export class Scheduler {
             ...probsEntry(job),
           });
           decodeTokens += 1;
-          this.#counters.specByType.drafted[job.spec!.settings.type]! += draft.length;
         }
       } else (prefill ??= []).push(job);
     }
@@ -834,10 +780,7 @@ export class Scheduler {
     job.last = token;
     job.onToken?.(token);
     this.#counters.generatedTokens += 1;
-    this.#send(
-      job,
-      job.output.push(this.#piece(token), probs ? this.#tokenProb(job, token, probs) : undefined),
-    );
+    this.#send(job, job.output.push(this.#piece(token), probs ? this.#tokenProb(job, token, probs) : undefined));
     if (job.output.stopped) {
       this.#release(job, 'stop');
       return;
@@ -889,7 +832,6 @@ export class Scheduler {
     // The guesses past the last token fed (rejected, or after the job ended) leave the KV; a
     // released job's sequence is either gone already or kept for cache_prompt up to job.pos.
     if (this.#slots[job.slot] === job || (this.#cache[job.slot]?.length ?? 0) > 0)
-    this.#counters.specByType.accepted[spec.settings.type]! += run.length - 1;
       this.#ctx?.removeSequence(job.slot, job.pos, -1);
     return taken;
   }

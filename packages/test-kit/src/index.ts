@@ -1,0 +1,10 @@
+/**
+ * What every test suite of the repository shares: free loopback ports, waiting, the engine CLI as
+ * a process, SSE and Prometheus parsing, the tiny synthetic model.
+ */
+export { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
+export { CLI, type EngineProcess, REPO, runCli, type SpawnEngineOptions, spawnEngine } from './engine.js';
+export { type Health, health, metrics, openFds, parseMetrics, rssBytes } from './metrics.js';
+export { tinyModel } from './model.js';
+export { SseCompletion } from './sse.js';
+export { sleep, waitFor } from './wait.js';
