@@ -387,6 +387,79 @@ export interface NativeBinding {
   rpcWeightsIndexInfo(): NativeWeightsIndexInfo;
   rpcAbortParkInstall(): boolean;
   rpcParkedInfo(): { parked: number; last: string };
+  /** Wraps the backend tables of every device registered so far (idempotent); returns how many were new. */
+  rpcAccountingInstall(): number;
+  rpcAccounting(): NativeRpcAccounting;
+}
+
+/** The ggml-RPC client commands a head counts per peer (one upstream client call each). */
+export type RpcCommandName =
+  | 'set_tensor'
+  | 'set_tensor_hash'
+  | 'get_tensor'
+  | 'copy_tensor'
+  | 'graph_compute'
+  | 'graph_recompute'
+  | 'memset_tensor'
+  | 'buffer_clear'
+  | 'init_tensor'
+  | 'alloc_buffer';
+
+/** The kernel's TCP_INFO of the socket upstream's dispatcher holds for a peer. */
+export interface NativeRpcTcp {
+  fd: number;
+  bytesSent: number;
+  bytesAcked: number;
+  bytesReceived: number;
+  segsOut: number;
+  segsIn: number;
+  dataSegsOut: number;
+  dataSegsIn: number;
+  /** The kernel's smoothed round-trip time, its variance and its minimum (microseconds). */
+  rttUs: number;
+  rttVarUs: number;
+  minRttUs: number;
+  retransmits: number;
+}
+
+/** One peer's cumulative client-side figures since the accounting was installed. */
+export interface NativeRpcPeerAccounting {
+  endpoint: string;
+  commands: Record<RpcCommandName, number>;
+  /** Payload bytes per command (offered for sets, asked for by gets, buffer size for allocs). */
+  commandBytes: Record<RpcCommandName, number>;
+  /** Commands the server answers (the client reads a reply before its next command). */
+  roundTrips: number;
+  /** backend synchronize and event_synchronize calls. */
+  syncs: number;
+  /** Nodes of the graphs sent (or recomputed) on the peer. */
+  graphNodes: number;
+  /** Time calling threads were blocked waiting for a reply (or for everything queued before one). */
+  waitReplyMs: number;
+  waitReplyCalls: number;
+  /** Time calling threads were blocked until a command without a reply was written. */
+  waitSendMs: number;
+  waitSendCalls: number;
+  /** Time serializing graphs (graph_compute, queued, not waited for). */
+  serializeMs: number;
+  /** Time queueing async sets and gets (a set's payload copy included). */
+  enqueueMs: number;
+  /** null until upstream's dispatcher socket for the peer exists. */
+  tcp: NativeRpcTcp | null;
+}
+
+/** A local device's graph compute and synchronize time (sessions served for peers excluded). */
+export interface NativeLocalAccounting {
+  device: string;
+  computes: number;
+  computeMs: number;
+  syncs: number;
+  syncMs: number;
+}
+
+export interface NativeRpcAccounting {
+  peers: NativeRpcPeerAccounting[];
+  local: NativeLocalAccounting[];
 }
 
 /** One GGUF added to the ggml-RPC weights index. */

@@ -10,13 +10,18 @@ import {
   type NativeContextParams,
   type NativeDevice,
   type NativeEmbedInfo,
+  type NativeLocalAccounting,
   type NativeModelInfo,
   type NativeModelParams,
+  type NativeRpcAccounting,
+  type NativeRpcPeerAccounting,
+  type NativeRpcTcp,
   type NativeSamplerParams,
   type NativeServeSummary,
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
   type PoolingType,
+  type RpcCommandName,
   type SamplerHandle,
   type SamplerStage,
 } from './binding.js';
@@ -82,6 +87,8 @@ export function initBackend(options: { logLevel?: keyof typeof LogLevel } = {}):
 } {
   const { binding, path } = loadBinding();
   initialised = binding.backendInit(LogLevel[options.logLevel ?? 'error']);
+  // Local devices' compute and synchronize timing (rpcAccounting's `local`), before any backend exists.
+  binding.rpcAccountingInstall();
   return {
     systemInfo: initialised.systemInfo,
     supportsGpuOffload: initialised.supportsGpuOffload,
@@ -187,6 +194,8 @@ export async function addRpcServer(
 ): Promise<NativeDevice[]> {
   await probeRpcServer(endpoint, options.timeoutMs);
   const devices = await callAsync(() => native().rpcServerAdd(endpoint));
+  // Before any model uses the new devices: backends and buffers made earlier are not counted.
+  native().rpcAccountingInstall();
   // Learnt from the new devices (described off the JS thread), never by listing every device again:
   // that would dial peers lost earlier, whose parked dispatchers never answer.
   if (devices.some(isOffloadDevice)) offloadCheck = true;
@@ -962,6 +971,25 @@ export function installRpcAbortPark(): void {
 export function rpcParkedInfo(): { parked: number; last: string } {
   return native().rpcParkedInfo();
 }
+
+/**
+ * Per-peer accounting of the ggml-RPC client path, cumulative since each peer's registration
+ * (`addRpcServer` installs it): commands by type, round trips, time blocked on the peer, time
+ * serializing, and the kernel's TCP counters of the connection; plus each local device's graph
+ * compute and synchronize time. Reading it costs one `getsockopt` per peer (a `/proc/self/fd`
+ * scan, at most 4 a second, until the peer's connection is found).
+ */
+export function rpcAccounting(): NativeRpcAccounting {
+  return native().rpcAccounting();
+}
+
+export type {
+  NativeLocalAccounting as LocalAccounting,
+  NativeRpcAccounting as RpcAccounting,
+  NativeRpcPeerAccounting as RpcPeerAccounting,
+  NativeRpcTcp as RpcTcp,
+  RpcCommandName,
+};
 
 /**
  * Per-peer accounting of the ggml-RPC client path, cumulative since each peer's registration

@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Allowlist, type HydraPort, type HydraPortStats } from '@hydra-engine/hydra-rpc';
 import { readJsonObject } from '../body.js';
+import { engineAccounting } from '../combine/accounting.js';
 import { HydraError, httpStatus } from '../errors.js';
 import type { Controller } from './controller.js';
 
@@ -50,13 +51,23 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
     devices: engine
       .devices()
       .map(({ name, description, type, free, total }) => ({ name, description, type, free, total })),
-    peers: (engine.layers.get('rpc_servers') as string[]).map((endpoint) => ({ endpoint })),
+    peers: peersStatus(engine),
     ...(stats ? { pool: stats.rpc, connections: stats.connections } : {}),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
     ...(engine.lastError ? { last_error: engine.lastError } : {}),
     ...(c.lastRebuildFailure ? { last_rebuild_failure: c.lastRebuildFailure } : {}),
     ...(engine.degraded ? { degraded: engine.degraded } : {}),
   };
+}
+
+// Each configured peer with its ggml-RPC accounting (null until the head registered it).
+function peersStatus(engine: Controller['engine']) {
+  const acc = engineAccounting(engine);
+  acc.snapshot();
+  return (engine.layers.get('rpc_servers') as string[]).map((endpoint) => ({
+    endpoint,
+    accounting: acc.status(endpoint),
+  }));
 }
 
 /**
