@@ -1,5 +1,7 @@
 import type { HydraPortStats } from '@hydra-engine/hydra-rpc';
+import type { RpcAccounting, RpcPeerAccounting } from '@hydra-engine/native-ggml';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { engineAccounting } from './combine/accounting.js';
 import type { Engine } from './engine.js';
 
 /** One finished HTTP request, as the request log line and the latency histograms see it. */
@@ -189,6 +191,8 @@ export class EngineMetrics {
       );
     }
 
+    this.#peerSeries(engine);
+
     this.#ttft = new Histogram({
       name: 'hydra_time_to_first_token_seconds',
       help: 'time from the request to its first generated token (queue wait, tokenizing and prefill included)',
@@ -242,6 +246,86 @@ export class EngineMetrics {
   /** The Prometheus text exposition (version 0.0.4). */
   render(): Promise<string> {
     return this.#registry.metrics();
+  }
+
+  // ggml-RPC accounting per peer (combine/accounting.ts): one native read per scrape, shared by
+  // every series below through the snapshot the first of them takes.
+  #peerSeries(engine: Engine): void {
+    const acc = engineAccounting(engine);
+    let cached: { at: number; value: RpcAccounting } | undefined;
+    const read = (): RpcAccounting => {
+      const now = performance.now();
+      if (cached === undefined || now - cached.at > 50) cached = { at: now, value: acc.snapshot() };
+      return cached.value;
+    };
+    const perPeer =
+      (pick: (p: RpcPeerAccounting) => number | undefined): Source =>
+      () =>
+        read().peers.flatMap((p) => {
+          const v = pick(p);
+          return v === undefined ? [] : [[{ peer: p.endpoint }, v] as [Record<string, string>, number]];
+        });
+    this.#counter(
+      'hydra_peer_rpc_commands_total',
+      'ggml-RPC commands this head sent to a peer, by command (client calls counted natively)',
+      () =>
+        read().peers.flatMap((p) =>
+          Object.entries(p.commands).map(
+            ([command, n]) => [{ peer: p.endpoint, command }, n] as [Record<string, string>, number],
+          ),
+        ),
+      ['peer', 'command'],
+    );
+    this.#counter(
+      'hydra_peer_rpc_round_trips_total',
+      'ggml-RPC commands a peer answered (the client reads a reply before its next command)',
+      perPeer((p) => p.roundTrips),
+      ['peer'],
+    );
+    this.#counter(
+      'hydra_peer_rpc_wait_seconds_total',
+      'time head threads were blocked on a peer: for a reply (reply) or for a send to be written (send)',
+      () =>
+        read().peers.flatMap((p) => [
+          [{ peer: p.endpoint, on: 'reply' }, p.waitReplyMs / 1000] as [Record<string, string>, number],
+          [{ peer: p.endpoint, on: 'send' }, p.waitSendMs / 1000] as [Record<string, string>, number],
+        ]),
+      ['peer', 'on'],
+    );
+    this.#counter(
+      'hydra_peer_rpc_serialize_seconds_total',
+      'time serializing graphs and queueing async tensor copies for a peer (not waited for)',
+      perPeer((p) => (p.serializeMs + p.enqueueMs) / 1000),
+      ['peer'],
+    );
+    this.#counter(
+      'hydra_peer_rpc_sent_bytes_total',
+      "bytes sent to a peer (kernel TCP_INFO of upstream's connection)",
+      perPeer((p) => p.tcp?.bytesSent),
+      ['peer'],
+    );
+    this.#counter(
+      'hydra_peer_rpc_received_bytes_total',
+      "bytes received from a peer (kernel TCP_INFO of upstream's connection)",
+      perPeer((p) => p.tcp?.bytesReceived),
+      ['peer'],
+    );
+    this.#gauge(
+      'hydra_peer_rpc_rtt_seconds',
+      "the kernel's smoothed round-trip time of the connection to a peer",
+      perPeer((p) => (p.tcp ? p.tcp.rttUs / 1e6 : undefined)),
+      ['peer'],
+    );
+    this.#counter(
+      'hydra_local_compute_seconds_total',
+      "time in a local device's graph compute (a GPU's is launch only) and synchronize, by device",
+      () =>
+        read().local.flatMap((l) => [
+          [{ device: l.device, call: 'compute' }, l.computeMs / 1000] as [Record<string, string>, number],
+          [{ device: l.device, call: 'synchronize' }, l.syncMs / 1000] as [Record<string, string>, number],
+        ]),
+      ['device', 'call'],
+    );
   }
 
   #gauge(name: string, help: string, read: Source, labelNames: string[] = []): void {
