@@ -5,6 +5,7 @@ import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { HydraError } from './errors.js';
 import { freeLoopbackPort } from './ports.js';
 import { selfCommand } from './self.js';
+import { sseData } from './sse.js';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
@@ -156,23 +157,13 @@ export async function runDemo(argv: readonly string[], io: Io): Promise<void> {
       throw new HydraError('HYDRA_ERR_INTERNAL', `head answered ${res.status}: ${await res.text()}`);
     let first = -1;
     let usage: { completion_tokens: number; prompt_tokens: number } | undefined;
-    let buf = '';
-    const decoder = new TextDecoder();
-    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-      buf += decoder.decode(chunk, { stream: true });
-      let at = buf.indexOf('\n\n');
-      while (at >= 0) {
-        const data = buf.slice(0, at).replace(/^data: /, '');
-        buf = buf.slice(at + 2);
-        at = buf.indexOf('\n\n');
-        if (data === '[DONE]') continue;
-        const obj = JSON.parse(data) as { usage?: typeof usage; choices: { delta?: { content?: string } }[] };
-        if (obj.usage) usage = obj.usage;
-        const text = obj.choices[0]?.delta?.content;
-        if (text) {
-          if (first < 0) first = performance.now();
-          io.stdout.write(text);
-        }
+    for await (const data of sseData(res.body as unknown as AsyncIterable<Uint8Array>)) {
+      const obj = JSON.parse(data) as { usage?: typeof usage; choices: { delta?: { content?: string } }[] };
+      if (obj.usage) usage = obj.usage;
+      const text = obj.choices[0]?.delta?.content;
+      if (text) {
+        if (first < 0) first = performance.now();
+        io.stdout.write(text);
       }
     }
     const end = performance.now();

@@ -3,6 +3,7 @@ import { fitToWire, formatFitTable, modelFactsFromGguf, planFit } from '@hydra-e
 import { badArgument, scanArgv } from './args/argv.js';
 import { HydraError } from './errors.js';
 import { readGgufFile } from './placement.js';
+import { sseData } from './sse.js';
 
 type Io = { stdout: { write(t: string): unknown }; stderr: { write(t: string): unknown } };
 
@@ -187,21 +188,10 @@ async function streamOne(
     throw new HydraError('HYDRA_ERR_BAD_REQUEST', `engine answered ${res.status}: ${await res.text()}`);
   let ttft = -1;
   let tokens = 0;
-  let buf = '';
-  const decoder = new TextDecoder();
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buf += decoder.decode(chunk, { stream: true });
-    let at = buf.indexOf('\n\n');
-    while (at >= 0) {
-      const event = buf.slice(0, at);
-      buf = buf.slice(at + 2);
-      at = buf.indexOf('\n\n');
-      const data = event.replace(/^data: /, '');
-      if (data === '[DONE]') continue;
-      const obj = JSON.parse(data) as { usage?: { completion_tokens: number }; choices: { text?: string }[] };
-      if (obj.usage) tokens = obj.usage.completion_tokens;
-      else if (ttft < 0 && obj.choices[0]?.text) ttft = performance.now() - t0;
-    }
+  for await (const data of sseData(res.body as unknown as AsyncIterable<Uint8Array>)) {
+    const obj = JSON.parse(data) as { usage?: { completion_tokens: number }; choices: { text?: string }[] };
+    if (obj.usage) tokens = obj.usage.completion_tokens;
+    else if (ttft < 0 && obj.choices[0]?.text) ttft = performance.now() - t0;
   }
   return { tokens, ttftMs: ttft, ms: performance.now() - t0 };
 }
