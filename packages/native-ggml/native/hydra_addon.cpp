@@ -609,6 +609,12 @@ static Napi::Value model_info(const Napi::CallbackInfo & info) {
     out.Set("addBos", llama_vocab_get_add_bos(vocab));
     // A recurrent or hybrid memory cannot drop a sequence's last positions (rejected draft tokens).
     out.Set("recurrent", llama_model_is_recurrent(model) || llama_model_is_hybrid(model));
+    // Fill-in-the-middle tokens (-1: the vocabulary has none), for llama-server's format_infill.
+    out.Set("fimPre", llama_vocab_fim_pre(vocab));
+    out.Set("fimSuf", llama_vocab_fim_suf(vocab));
+    out.Set("fimMid", llama_vocab_fim_mid(vocab));
+    out.Set("fimRep", llama_vocab_fim_rep(vocab));
+    out.Set("fimSep", llama_vocab_fim_sep(vocab));
     return out;
 }
 

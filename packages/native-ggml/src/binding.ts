@@ -57,6 +57,12 @@ export interface NativeModelInfo {
   addBos: boolean;
   /** Recurrent or hybrid memory: a sequence's last positions cannot be removed alone. */
   recurrent: boolean;
+  /** Fill-in-the-middle tokens (llama_vocab_fim_pre/suf/mid/rep/sep); -1: none. */
+  fimPre: number;
+  fimSuf: number;
+  fimMid: number;
+  fimRep: number;
+  fimSep: number;
 }
 
 export interface NativeContextParams {

@@ -585,6 +585,21 @@ describe('determinism', () => {
     expect(sha256(a)).not.toBe(sha256(c));
     expect(statSync(a).size).toBe(statSync(c).size);
   });
+
+  it('fim: false writes the same bytes as no fim option; fim: true changes only the vocabulary', async () => {
+    const base = { arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 3 } as const;
+    const [a, b, c] = ['fim-none', 'fim-false', 'fim-true'].map((n) => join(dir, `${n}.gguf`));
+    await writeSyntheticModel({ ...base, out: a! });
+    await writeSyntheticModel({ ...base, out: b!, fim: false });
+    await writeSyntheticModel({ ...base, out: c!, fim: true });
+    expect(sha256(b!)).toBe(sha256(a!));
+    expect(sha256(c!)).not.toBe(sha256(a!));
+    await expect(
+      writeSyntheticModel({ ...base, out: c!, fim: 1 as unknown as boolean }),
+    ).rejects.toMatchObject({
+      keys: ['fim'],
+    });
+  });
 });
 
 describe('arguments', () => {

@@ -6,8 +6,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { type ChatCommonParams, jsonSchemaToGrammar, type Model } from '@hydra-engine/native-ggml';
 import type { PreparedBody } from '../body.js';
 import { ChatStreamDiff, chatReply, chatSampler, renderJinjaChat, withoutChatFields } from '../chat.js';
+import type { TokenProb } from '../core/output.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
 import { HydraError } from '../errors.js';
+import { CodePointOffsets, chatLogprobs, completionLogprobs, probsJson } from '../logprobs.js';
 import { checkSampler, requestSettings } from '../request-params.js';
 import { chatTemplateOptions, generationSettings, stopType } from './llama.js';
 import { badRequest, type RouteContext, type RouteModule, sendError, sendJson } from './plumbing.js';
@@ -52,8 +54,12 @@ function pickFields(fields: unknown, answer: Record<string, unknown>): Record<st
 }
 
 /** Validates a request's T1 settings (see request-params.ts) and merges them over the configuration in force. */
-export function generationParams(engine: Engine, body: Record<string, unknown>): GenerationParams {
-  const settings = requestSettings(body, engine.layers.effective(), { jsonSchemaToGrammar });
+export function generationParams(
+  engine: Engine,
+  body: Record<string, unknown>,
+  logprobs: 'chat' | 'count' = 'count',
+): GenerationParams {
+  const settings = requestSettings(body, engine.layers.effective(), { jsonSchemaToGrammar, logprobs });
   if (engine.model) checkSampler(engine.model, settings.sampler, settings.fields);
   let stop: string[] = [];
   if (typeof body.stop === 'string') stop = [body.stop];
@@ -70,6 +76,7 @@ export function generationParams(engine: Engine, body: Record<string, unknown>):
     stop,
     sampler: settings.sampler,
     ignoreEos: settings.ignoreEos,
+    ...(settings.probs ? { probs: settings.probs } : {}),
   };
 }
 
@@ -195,6 +202,12 @@ function badValue(message: string, key: string): HydraError {
 
 const DEFAULT_SEED = 0xffff_ffff;
 
+function offsetsOf(text: string): CodePointOffsets {
+  const o = new CodePointOffsets();
+  o.feed(text);
+  return o;
+}
+
 /** One generation of a request: a choice of one of its prompts. */
 interface Choice {
   index: number;
@@ -211,10 +224,17 @@ interface Choice {
   predicted: number;
   firstToken?: number;
   result?: GenerationResult;
+  /** Token probabilities final but not yet streamed (GenerationParams.probs). */
+  probs: TokenProb[];
+  /** Completions' text_offset of the streamed tokens. */
+  offsets: CodePointOffsets;
 }
 
-/** The answer's shape: OpenAI chat or completions, llama-server's native one, OpenAI Responses. */
-export type CompletionKind = 'chat' | 'completions' | 'native' | 'responses';
+/**
+ * The answer's shape: OpenAI chat or completions, llama-server's native one (`infill`: its
+ * /infill, a FIM prompt in the native shape), OpenAI Responses.
+ */
+export type CompletionKind = 'chat' | 'completions' | 'native' | 'infill' | 'responses';
 
 /** Runs a completion body (chat bodies: `prepared.chat`) and answers it in `kind`'s shape. */
 export async function complete(
@@ -225,7 +245,7 @@ export async function complete(
   kind: CompletionKind,
 ): Promise<void> {
   const chat = kind === 'chat' || kind === 'responses';
-  const native = kind === 'native';
+  const native = kind === 'native' || kind === 'infill';
   const responses = kind === 'responses';
   const { engine } = ctx;
   const { body } = prepared;
@@ -254,7 +274,32 @@ export async function complete(
   const n = choicesPerPrompt(body, engine);
   if (responses && n !== 1) throw unsupportedField('n', 'a response has one output');
   let parts: PromptPart[][] | undefined;
-  if (prepared.chat) checkPromptBytes(ctx, prepared.chat.bytes, 'messages');
+  let infill: InfillInput | undefined;
+  const suffix = body.suffix;
+  if (suffix !== undefined && suffix !== null && kind !== 'completions')
+    throw new HydraError(
+      'HYDRA_ERR_UNSUPPORTED_FIELD',
+      'suffix is for /v1/completions (llama-server: /infill)',
+      {
+        keys: ['suffix'],
+      },
+    );
+  if (kind === 'infill') {
+    if (prepared.tokens) throw badRequest('prompt must be a string', 'prompt');
+    infill = infillFields(body);
+  } else if (typeof suffix === 'string' && suffix !== '') {
+    // OpenAI's suffix: the text after the completion, as /infill's input_suffix after the prompt.
+    if (typeof body.prompt !== 'string')
+      throw badRequest('prompt must be one string with suffix (llama-server: /infill)', 'prompt');
+    infill = { prefix: [body.prompt], suffix: [suffix], extra: [], prompt: '' };
+  } else if (suffix !== undefined && suffix !== null && suffix !== '')
+    throw badRequest('suffix must be a string', 'suffix');
+  if (infill) {
+    let bytes = Buffer.byteLength(infill.prompt);
+    for (const p of [...infill.prefix, ...infill.suffix, ...infill.extra.map((c) => c.text)])
+      if (typeof p === 'string') bytes += Buffer.byteLength(p);
+    checkPromptBytes(ctx, bytes, kind === 'infill' ? 'input_prefix' : 'prompt');
+  } else if (prepared.chat) checkPromptBytes(ctx, prepared.chat.bytes, 'messages');
   else if (!prepared.tokens) {
     parts = promptParts(body.prompt);
     let bytes = 0;
@@ -284,8 +329,30 @@ export async function complete(
       true,
     );
   }
-  const { n: _n, n_cmpl: _nc, echo: _e, ...sampling } = body;
-  let params = generationParams(engine, rendered ? withoutChatFields(sampling) : sampling);
+  const {
+    n: _n,
+    n_cmpl: _nc,
+    echo: _e,
+    suffix: _s,
+    input_prefix: _ip,
+    input_suffix: _is,
+    input_extra: _ie,
+    ...sampling
+  } = body;
+  let params = generationParams(
+    engine,
+    rendered ? withoutChatFields(sampling) : sampling,
+    chat ? 'chat' : 'count',
+  );
+  // OpenAI's echo with logprobs gives the prompt tokens' too, which needs the prompt's logits.
+  if (echo && params.probs)
+    throw new HydraError(
+      'HYDRA_ERR_UNSUPPORTED_FIELD',
+      "logprobs with echo (the prompt tokens' log probabilities) is not implemented",
+      {
+        keys: ['logprobs'],
+      },
+    );
   if (rendered) {
     params = {
       ...params,
@@ -315,7 +382,18 @@ export async function complete(
       engine.assertReady();
       const model = engine.model!;
       let t: PromptInput[];
-      if (parts) t = await Promise.all(parts.map((p) => tokenizeMixed(model, p)));
+      if (infill) {
+        checkFim(model);
+        const cfg = engine.layers.effective();
+        t = [
+          await formatInfill(model, infill, {
+            nBatch: cfg.n_batch as number,
+            nPredict: cfg.n_predict as number,
+            nCtx: engine.slots.nCtxSeq,
+          }),
+        ];
+        if (kind === 'completions') t[0]!.text = body.prompt as string;
+      } else if (parts) t = await Promise.all(parts.map((p) => tokenizeMixed(model, p)));
       else {
         // The chat layer tokenized a rendered prompt in its own job, with the model it rendered for.
         const ids = rendered
@@ -353,6 +431,8 @@ export async function complete(
         params: p,
         pendingTokens: [],
         predicted: 0,
+        probs: [],
+        offsets: new CodePointOffsets(),
       });
     }
   }
@@ -367,6 +447,16 @@ export async function complete(
   res.on('close', onClose);
   const epochHeaders = ctx.epochHeader();
   const object = chat ? 'chat.completion.chunk' : 'text_completion';
+  // A streamed choice's chunk carries the probabilities of the tokens that became final since the
+  // last one (all of them on the first chunk sent after they did, as llama-server).
+  const streamProbs = (c: Choice, text: string): { logprobs?: unknown } => {
+    const req = c.params.probs;
+    if (!req) return {};
+    c.offsets.feed(text);
+    const probs = c.probs.splice(0);
+    if (probs.length === 0) return { logprobs: null };
+    return { logprobs: chat ? chatLogprobs(probs, req) : completionLogprobs(probs, req, c.offsets) };
+  };
   const chunk = (c: Choice, delta: Record<string, unknown>, finish: string | null) => ({
     id,
     object,
@@ -374,8 +464,13 @@ export async function complete(
     model,
     choices: [
       chat
-        ? { index: c.index, delta, finish_reason: finish }
-        : { index: c.index, text: delta.content ?? '', finish_reason: finish },
+        ? { index: c.index, delta, ...streamProbs(c, ''), finish_reason: finish }
+        : {
+            index: c.index,
+            text: delta.content ?? '',
+            ...streamProbs(c, (delta.content as string | undefined) ?? ''),
+            finish_reason: finish,
+          },
     ],
   });
   const write = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
@@ -401,6 +496,9 @@ export async function complete(
           id_slot: -1,
           tokens_predicted: c.predicted,
           tokens_evaluated: c.prompt.ids.length,
+          ...(c.params.probs && c.probs.length > 0
+            ? { completion_probabilities: probsJson(c.probs.splice(0), c.params.probs) }
+            : {}),
         });
         c.pendingTokens = [];
       };
@@ -450,7 +548,14 @@ export async function complete(
   const pending: Promise<GenerationResult>[] = [];
   try {
     for (const c of choices) {
-      const onText = onTextFor(c);
+      const shown = onTextFor(c);
+      const onText =
+        shown && c.params.probs
+          ? (text: string, probs?: TokenProb[]) => {
+              if (probs) c.probs.push(...probs);
+              shown(text);
+            }
+          : shown;
       pending.push(
         engine.submit(c.prompt.ids, c.params, {
           signal: abort.signal,
@@ -549,6 +654,10 @@ export async function complete(
         ...nativeFinal(ctx, body, c.params, c.prompt, r, model, stream),
         index: c.index,
         timings,
+        // llama-server: streamed, the chunks carried them.
+        ...(!stream && c.params.probs && r.probs && r.probs.length > 0
+          ? { completion_probabilities: probsJson(r.probs, c.params.probs) }
+          : {}),
       });
     });
     if (stream) {
@@ -608,14 +717,15 @@ export async function complete(
           index: c.index,
           message: reply?.message ?? { role: 'assistant', content: r.text },
           finish_reason: reply?.finishReason ?? r.finishReason,
-          logprobs: null,
+          logprobs: c.params.probs && r.probs ? chatLogprobs(r.probs, c.params.probs) : null,
         };
       }
       return {
         index: c.index,
         text: echo ? c.prompt.text + r.text : r.text,
         finish_reason: r.finishReason,
-        logprobs: null,
+        logprobs:
+          c.params.probs && r.probs ? completionLogprobs(r.probs, c.params.probs, offsetsOf(r.text)) : null,
         // llama.cpp server's `return_tokens`: the ids to continue a cached slot with.
         ...(body.return_tokens === true ? { tokens: r.tokens } : {}),
       };
@@ -627,6 +737,109 @@ export async function complete(
     { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices: out, usage },
     headers,
   );
+}
+
+/** The fill-in-the-middle fields of an `/infill` body, or of `/v1/completions` with `suffix`. */
+interface InfillInput {
+  prefix: PromptPart[];
+  suffix: PromptPart[];
+  extra: { text: string; filename: string }[];
+  /** Text after the FIM prefix (llama-server's `prompt` of /infill). */
+  prompt: string;
+}
+
+/** `/infill`'s fields as llama-server checks them (each a 400 naming it). */
+function infillFields(body: Record<string, unknown>): InfillInput {
+  const part = (key: string): PromptPart[] => {
+    const v = body[key];
+    if (v === undefined || v === null) throw badRequest(`"${key}" is required`, key);
+    if (typeof v === 'string') return [v];
+    if (Array.isArray(v) && v.every((x) => typeof x === 'string' || isTokenId(x))) return v as PromptPart[];
+    throw badRequest(`${key} must be a string or a list of strings and token ids`, key);
+  };
+  const prefix = part('input_prefix');
+  const suffix = part('input_suffix');
+  const rawExtra = body.input_extra ?? [];
+  if (!Array.isArray(rawExtra))
+    throw badRequest('input_extra must be an array of {"filename": string, "text": string}', 'input_extra');
+  const extra = rawExtra.map((c) => {
+    const chunk = (typeof c === 'object' && c !== null ? c : {}) as Record<string, unknown>;
+    if (typeof chunk.text !== 'string')
+      throw badRequest('an input_extra chunk must have a "text" string', 'input_extra');
+    if (chunk.filename !== undefined && typeof chunk.filename !== 'string')
+      throw badRequest('an input_extra chunk\'s "filename" must be a string', 'input_extra');
+    return { text: chunk.text, filename: (chunk.filename as string | undefined) ?? 'tmp' };
+  });
+  const prompt = body.prompt ?? '';
+  if (typeof prompt !== 'string') throw badRequest('prompt must be a string', 'prompt');
+  return { prefix, suffix, extra, prompt };
+}
+
+/** llama-server's refusal of a model without FIM tokens, naming what is missing. */
+function checkFim(model: Model): void {
+  const missing = [
+    model.info.fimPre < 0 ? 'prefix' : '',
+    model.info.fimSuf < 0 ? 'suffix' : '',
+    model.info.fimMid < 0 ? 'middle' : '',
+  ].filter((m) => m !== '');
+  if (missing.length > 0)
+    throw new HydraError(
+      'HYDRA_ERR_NOT_SUPPORTED',
+      `Infill is not supported by this model: ${missing.map((m) => `${m} token is missing.`).join(' ')}`,
+    );
+}
+
+// llama-server's separator of extra chunks when the vocabulary has no FIM_SEP token.
+const CHUNK_PREFIX = '\n\n--- snippet ---\n\n';
+
+/**
+ * The prompt of a fill-in-the-middle request as llama-server's format_prompt_infill builds it (the
+ * repo-level FIM pattern): the extra chunks, [BOS], FIM_PRE prefix prompt, FIM_SUF suffix, FIM_MID,
+ * with the prefix and suffix cut to fit a batch (3:1) and the extra chunks to the context.
+ */
+async function formatInfill(
+  model: Model,
+  input: InfillInput,
+  sizes: { nBatch: number; nPredict: number; nCtx: number },
+): Promise<PromptInput> {
+  const plain = (text: string) => model.tokenizeAsync(text, { addSpecial: false, parseSpecial: false });
+  const mixed = async (parts: PromptPart[]) => {
+    const out: number[] = [];
+    for (const p of parts) {
+      if (typeof p === 'number') {
+        if (p >= model.info.nVocab)
+          throw badRequest(`token ids must be below ${model.info.nVocab}`, 'input_prefix');
+        out.push(p);
+      } else out.push(...(await plain(p)));
+    }
+    return out;
+  };
+  const { fimPre, fimSuf, fimMid, fimRep, fimSep } = model.info;
+  const extra: number[] = [];
+  if (fimRep >= 0) extra.push(fimRep, ...(await plain('myproject\n')));
+  for (const chunk of input.extra) {
+    if (fimSep >= 0) extra.push(fimSep, ...(await plain(`${chunk.filename}\n`)));
+    else extra.push(...(await plain(CHUNK_PREFIX)));
+    extra.push(...(await plain(chunk.text)));
+  }
+  if (fimSep >= 0) extra.push(fimSep, ...(await plain('filename\n')));
+  let prefix = await mixed(input.prefix);
+  let suffix = await mixed(input.suffix);
+  const prompt = [...(await model.tokenizeAsync(input.prompt, { addSpecial: false, parseSpecial: true }))];
+  const q = Math.floor(sizes.nBatch / 4);
+  const nPrefix = Math.min(prefix.length, 3 * q);
+  const nSuffix = Math.min(suffix.length, Math.max(0, q - (2 + prompt.length)));
+  const nExtra = Math.min(Math.max(0, sizes.nCtx - sizes.nBatch - 2 * sizes.nPredict), extra.length);
+  prefix = [fimPre, ...prefix.slice(prefix.length - nPrefix), ...prompt];
+  suffix = [fimSuf, ...suffix.slice(0, nSuffix)];
+  const ids = [
+    ...extra.slice(extra.length - nExtra),
+    ...(model.info.addBos ? [model.info.bos] : []),
+    ...prefix,
+    ...suffix,
+    fimMid,
+  ];
+  return { ids: Int32Array.from(ids), text: input.prompt };
 }
 
 /** A prompt's pieces tokenized as llama-server's tokenize_mixed: special tokens with the first text only. */
@@ -657,6 +870,7 @@ async function tokenizeMixed(model: Model, parts: PromptPart[]): Promise<PromptI
 }
 
 const PATHS = new Set([
+  '/infill',
   '/v1/chat/completions',
   '/chat/completions',
   '/v1/completions',
@@ -678,7 +892,14 @@ export const completionRoutes: RouteModule = (ctx) => async (req, res, _url, pat
   const chat = path.endsWith('/chat/completions');
   const prepared = await ctx.bodies.parse(data, chat, ctx.messageLimit(), chat && ctx.opts.jinja !== false);
   // llama-server: /completion and /completions answer in its own shape, /v1/completions in OpenAI's.
-  const kind = chat ? 'chat' : path === '/completion' || path === '/completions' ? 'native' : 'completions';
+  const kind =
+    path === '/infill'
+      ? 'infill'
+      : chat
+        ? 'chat'
+        : path === '/completion' || path === '/completions'
+          ? 'native'
+          : 'completions';
   await complete(ctx, req, res, prepared, kind);
   return true;
 };

@@ -32,6 +32,7 @@ import {
   EOS_ID,
   TOOLS_TEMPLATE,
   UNK_ID,
+  withFimTokens,
   withToolCallTokens,
 } from './vocab.js';
 
@@ -66,6 +67,12 @@ export interface SynthModelOptions {
    * with the generation prompt then accepts the tokens the prompt ends with.
    */
   chat?: 'chatml' | 'tools';
+  /**
+   * Fill-in-the-middle tokens (`/infill`): the vocabulary's ids n-5..n-3 become Qwen 2.5 Coder's
+   * `<|fim_prefix|>`, `<|fim_suffix|>`, `<|fim_middle|>` control tokens, named by the GGUF's
+   * `tokenizer.ggml.fim_{pre,suf,mid}_token_id`. Off: the file is byte for byte as before.
+   */
+  fim?: boolean;
   /**
    * `rank`: a Qwen3-style reranker, the decoder arch the pinned loader gives a classification head
    * (`general.architecture = qwen3`: the dense llama layout plus per-head `attn_q_norm` /
@@ -142,6 +149,8 @@ function validate(options: SynthModelOptions): void {
   if (options.chat !== undefined && options.chat !== 'chatml' && options.chat !== 'tools') {
     throw badArgument('chat', "options.chat must be 'chatml' or 'tools'");
   }
+  if (options.fim !== undefined && typeof options.fim !== 'boolean')
+    throw badArgument('fim', 'options.fim must be a boolean');
   if (options.head !== undefined && (options.head !== 'rank' || options.arch !== 'llama')) {
     throw badArgument('head', "options.head must be 'rank', with arch 'llama'");
   }
@@ -189,8 +198,11 @@ function metadata(
   h: SynthHparams,
   chat: 'chatml' | 'tools' = 'chatml',
   head?: 'rank',
+  fim = false,
 ): Array<[string, GgufValue]> {
-  const vocab = chat === 'tools' ? withToolCallTokens(buildVocabulary(h.nVocab)) : buildVocabulary(h.nVocab);
+  const plain = chat === 'tools' ? withToolCallTokens(buildVocabulary(h.nVocab)) : buildVocabulary(h.nVocab);
+  const withFim = fim ? withFimTokens(plain) : undefined;
+  const vocab = withFim?.vocab ?? plain;
   const a = head === 'rank' ? 'qwen3' : ggufArchName(arch);
   const y = h.hybrid;
   const kv: Array<[string, GgufValue]> = [
@@ -252,6 +264,14 @@ function metadata(
     ['tokenizer.chat_template', { type: 'str', value: chat === 'tools' ? TOOLS_TEMPLATE : CHATML_TEMPLATE }],
   );
   if (chat === 'tools') kv.push(['tokenizer.ggml.add_space_prefix', { type: 'bool', value: false }]);
+  if (withFim) {
+    const [pre, suf, mid] = withFim.ids;
+    kv.push(
+      ['tokenizer.ggml.fim_pre_token_id', { type: 'u32', value: pre }],
+      ['tokenizer.ggml.fim_suf_token_id', { type: 'u32', value: suf }],
+      ['tokenizer.ggml.fim_mid_token_id', { type: 'u32', value: mid }],
+    );
+  }
   return kv;
 }
 
@@ -464,7 +484,7 @@ export async function writeSyntheticModel(options: SynthModelOptions): Promise<S
       ? withRankHead(synthTensors(hparams, quant), hparams)
       : synthTensors(hparams, quant));
   const layout = encodeGgufHeader(
-    metadata(arch, shape, quant, seed, hparams, options.chat, options.head),
+    metadata(arch, shape, quant, seed, hparams, options.chat, options.head, options.fim),
     tensors,
   );
   const totalBytes = layout.header.length + layout.dataBytes;

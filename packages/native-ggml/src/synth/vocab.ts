@@ -213,3 +213,22 @@ export function withToolCallTokens(vocab: Vocabulary): Vocabulary {
   types[n - 1] = TokenType.USER_DEFINED;
   return { tokens, scores: vocab.scores, types };
 }
+
+/** Qwen 2.5 Coder's fill-in-the-middle tokens, in the order prefix, suffix, middle. */
+export const FIM_TOKENS = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>'] as const;
+
+/**
+ * The vocabulary of a `fim: true` model: the pieces 5th to 3rd from the end (least ranked, clear
+ * of the tool-call tokens) become the {@link FIM_TOKENS} control tokens; returns their ids too.
+ */
+export function withFimTokens(vocab: Vocabulary): { vocab: Vocabulary; ids: [number, number, number] } {
+  const n = vocab.tokens.length;
+  const tokens = vocab.tokens.slice();
+  const types = vocab.types.slice();
+  const ids: [number, number, number] = [n - 5, n - 4, n - 3];
+  ids.forEach((id, i) => {
+    tokens[id] = FIM_TOKENS[i]!;
+    types[id] = TokenType.CONTROL;
+  });
+  return { vocab: { tokens, scores: vocab.scores, types }, ids };
+}
