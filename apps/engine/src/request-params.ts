@@ -9,6 +9,7 @@ import type { SamplerParams, SamplerStage } from '@hydra-engine/native-ggml';
 import { normalize, type Params } from '@hydra-engine/tiering';
 import { samplerParamsFrom } from './core/params.js';
 import { HydraError } from './errors.js';
+import type { ProbsRequest } from './logprobs.js';
 
 /** Request fields that are registry T1 keys. */
 export const REQUEST_FIELDS: Readonly<Record<string, string>> = Object.freeze({
@@ -66,9 +67,6 @@ export const REFUSED_FIELDS: Readonly<Record<string, { neutral: (v: unknown) => 
       neutral: (v) => v === 'none' || v === 'auto',
       why: 'function calls are not implemented',
     },
-    logprobs: { neutral: (v) => v === false || v === 0, why: 'log probabilities are not returned' },
-    top_logprobs: { neutral: (v) => v === 0, why: 'log probabilities are not returned' },
-    post_sampling_probs: { neutral: (v) => v === false, why: 'token probabilities are not returned' },
     best_of: {
       neutral: (v) => v === 1,
       why: 'best_of (rank choices by log probability server-side) is not implemented; use n',
@@ -178,8 +176,13 @@ function logitBiasFrom(v: unknown): Record<string, number> {
   return out;
 }
 
-/** What {@link requestSettings} needs from outside: the native schema converter. */
+/** What {@link requestSettings} needs from outside: the native schema converter, the endpoint's kind. */
 export interface RequestOptions {
+  /**
+   * How `logprobs` reads: OpenAI chat's boolean with `top_logprobs` (`chat`), or OpenAI
+   * completions' count, llama-server's alias of `n_probs` (`count`, the default).
+   */
+  logprobs?: 'chat' | 'count';
   /** GBNF for a JSON schema (native-ggml's jsonSchemaToGrammar); without it schemas are refused. */
   jsonSchemaToGrammar?: (schema: unknown) => string;
 }
@@ -241,13 +244,66 @@ export interface RequestSettings {
   ignoreEos: boolean;
   /** The request fields that set the grammar, the biases and the stage order, for error messages. */
   fields: { grammar: string; logit_bias: string; samplers: string };
+  /** Token probabilities to report (see {@link probsFrom}); undefined: none. */
+  probs: ProbsRequest | undefined;
+}
+
+/** OpenAI's bound on `top_logprobs` (and here on completions' `logprobs`). */
+const TOP_LOGPROBS_MAX = 20;
+
+const given = (v: unknown) => v !== undefined && v !== null;
+
+/**
+ * The token probabilities a request asks for: OpenAI chat's `logprobs: true` with `top_logprobs`
+ * alternatives (default 0, as OpenAI; `top_logprobs` without `logprobs: true` is refused as
+ * llama-server and OpenAI do), OpenAI completions' `logprobs: N` (llama-server's alias of
+ * `n_probs`, which wins when both are set), `n_probs`, else `sampling.n_probs` in force (a chat's
+ * explicit `logprobs: false` turns that default off); `post_sampling_probs` reports probabilities
+ * after the sampler chain.
+ */
+function probsFrom(
+  body: Record<string, unknown>,
+  mode: 'chat' | 'count',
+  nProbs: number,
+  nProbsAsked: boolean,
+): ProbsRequest | undefined {
+  const post = body.post_sampling_probs;
+  if (given(post) && typeof post !== 'boolean')
+    throw badValue('post_sampling_probs must be a boolean', 'post_sampling_probs');
+  const postSampling = post === true;
+  const lp = body.logprobs;
+  const top = body.top_logprobs;
+  const count = (v: unknown) =>
+    Number.isSafeInteger(v) && (v as number) >= 0 && (v as number) <= TOP_LOGPROBS_MAX;
+  if (mode === 'chat') {
+    if (given(lp) && typeof lp !== 'boolean') throw badValue('logprobs must be a boolean', 'logprobs');
+    if (given(top)) {
+      if (!count(top))
+        throw badValue(`top_logprobs must be an integer in 0..${TOP_LOGPROBS_MAX}`, 'top_logprobs');
+      if (lp !== true) throw badValue('top_logprobs requires logprobs: true', 'top_logprobs');
+    }
+    if (lp === true) return { n: nProbsAsked ? nProbs : ((top as number | undefined) ?? 0), postSampling };
+    if (lp === false && !nProbsAsked) return undefined;
+  } else {
+    if (given(top) && top !== 0)
+      throw new HydraError(
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        'top_logprobs is a chat field; completions take logprobs: N',
+        { keys: ['top_logprobs'] },
+      );
+    if (given(lp) && lp !== false) {
+      if (!count(lp)) throw badValue(`logprobs must be an integer in 0..${TOP_LOGPROBS_MAX}`, 'logprobs');
+      if (!nProbsAsked) nProbs = lp as number;
+    } else if (lp === false && !nProbsAsked) return undefined;
+  }
+  return nProbs > 0 ? { n: nProbs, postSampling } : undefined;
 }
 
 /**
  * Reads a request body's T1 fields over `inForce` (the configuration in force). Applies nothing.
  *
  * @throws HydraError `HYDRA_ERR_UNSUPPORTED_FIELD` (a refused field, or a registry key the engine
- *   does not honor, such as `n_probs`) or `HYDRA_ERR_BAD_VALUE` (wrong type or out of range, a
+ *   does not honor, such as `n_prev`) or `HYDRA_ERR_BAD_VALUE` (wrong type or out of range, a
  *   schema the converter refuses, a grammar next to a schema), with
  *   `keys` naming every offending field as the request spelled it.
  */
@@ -298,6 +354,12 @@ export function requestSettings(
     throw new HydraError(code, e.message, { keys, cause: err });
   }
   const effective = { ...inForce, ...t1 };
+  const probs = probsFrom(
+    body,
+    options.logprobs ?? 'count',
+    effective['sampling.n_probs'] as number,
+    t1['sampling.n_probs'] !== undefined,
+  );
   return {
     delta: t1,
     effective,
@@ -309,6 +371,7 @@ export function requestSettings(
       logit_bias: 'logit_bias',
       samplers: 'samplers',
     },
+    probs,
   };
 }
 

@@ -131,6 +131,11 @@ const TABLE: Record<string, Check> = {
   seed: { kind: 'sampler', value: 2, base: warm },
   'sampling.ignore_eos': { kind: 'engine', value: true },
   n_predict: { kind: 'engine', value: 3 },
+  'sampling.n_probs': {
+    kind: 'covered',
+    file: './logprobs.test.ts',
+    test: 'CONFIGURE sampling.n_probs is the default of requests that do not say',
+  },
   state_chunk_size: { kind: 'engine', value: 65536 },
   failover_policy: {
     kind: 'covered',
@@ -609,8 +614,10 @@ describe('per-request fields and refusals at every door', () => {
     [{ grammar: 'root ::= (' }, 'HYDRA_ERR_BAD_VALUE', ['grammar']],
     [{ logit_bias: [[5000, 1]] }, 'HYDRA_ERR_BAD_VALUE', ['logit_bias']],
     [{ mirostat: 7 }, 'HYDRA_ERR_BAD_VALUE', ['mirostat']],
-    [{ logprobs: true }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['logprobs']],
-    [{ n_probs: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['n_probs']],
+    // Completions take logprobs as a count (0..20, OpenAI's bound on top_logprobs).
+    [{ logprobs: true }, 'HYDRA_ERR_BAD_VALUE', ['logprobs']],
+    [{ logprobs: 21 }, 'HYDRA_ERR_BAD_VALUE', ['logprobs']],
+    [{ n_probs: -2 }, 'HYDRA_ERR_BAD_VALUE', ['n_probs']],
     [{ json_schema: { type: 'frob' } }, 'HYDRA_ERR_BAD_VALUE', ['json_schema']],
     [
       { response_format: { type: 'json_schema', json_schema: {} } },

@@ -112,10 +112,47 @@ describe('requestSettings', () => {
     expect(requestSettings(body, inForce).delta).toEqual({});
   });
 
-  it('refuses n_probs (a registry key the engine does not honor) by its request name', () => {
-    expect(rejection(() => requestSettings({ n_probs: 3 }, inForce))).toMatchObject({
-      code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
-      keys: ['n_probs'],
+  it('reads token probabilities as completions ask them: n_probs, logprobs: N, the default in force', () => {
+    const probs = (body: Record<string, unknown>, cfg = inForce) => requestSettings(body, cfg).probs;
+    expect(probs({})).toBeUndefined();
+    expect(probs({ n_probs: 3 })).toEqual({ n: 3, postSampling: false });
+    expect(probs({ logprobs: 2, post_sampling_probs: true })).toEqual({ n: 2, postSampling: true });
+    // llama-server: logprobs is n_probs' alias, used when n_probs is absent.
+    expect(probs({ logprobs: 2, n_probs: 4 })).toEqual({ n: 4, postSampling: false });
+    expect(probs({ logprobs: 0 })).toBeUndefined();
+    const five = { ...inForce, 'sampling.n_probs': 5 };
+    expect(probs({}, five)).toEqual({ n: 5, postSampling: false });
+    expect(probs({ logprobs: false }, five)).toBeUndefined();
+    expect(probs({ n_probs: 0 }, five)).toBeUndefined();
+  });
+
+  it('reads chat token probabilities as OpenAI: logprobs: true with top_logprobs alternatives', () => {
+    const probs = (body: Record<string, unknown>, cfg = inForce) =>
+      requestSettings(body, cfg, { logprobs: 'chat' }).probs;
+    expect(probs({ logprobs: true })).toEqual({ n: 0, postSampling: false });
+    expect(probs({ logprobs: true, top_logprobs: 20 })).toEqual({ n: 20, postSampling: false });
+    expect(probs({ logprobs: false, top_logprobs: null })).toBeUndefined();
+    const five = { ...inForce, 'sampling.n_probs': 5 };
+    expect(probs({}, five)).toEqual({ n: 5, postSampling: false });
+    expect(probs({ logprobs: false }, five)).toBeUndefined();
+  });
+
+  it.each([
+    ['chat', { logprobs: true, top_logprobs: 21 }, 'HYDRA_ERR_BAD_VALUE', 'top_logprobs'],
+    ['chat', { logprobs: true, top_logprobs: -1 }, 'HYDRA_ERR_BAD_VALUE', 'top_logprobs'],
+    ['chat', { logprobs: true, top_logprobs: 1.5 }, 'HYDRA_ERR_BAD_VALUE', 'top_logprobs'],
+    ['chat', { top_logprobs: 3 }, 'HYDRA_ERR_BAD_VALUE', 'top_logprobs'],
+    ['chat', { logprobs: 3 }, 'HYDRA_ERR_BAD_VALUE', 'logprobs'],
+    ['count', { logprobs: 21 }, 'HYDRA_ERR_BAD_VALUE', 'logprobs'],
+    ['count', { logprobs: -1 }, 'HYDRA_ERR_BAD_VALUE', 'logprobs'],
+    ['count', { logprobs: true }, 'HYDRA_ERR_BAD_VALUE', 'logprobs'],
+    ['count', { top_logprobs: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', 'top_logprobs'],
+    ['count', { n_probs: -1 }, 'HYDRA_ERR_BAD_VALUE', 'n_probs'],
+    ['count', { post_sampling_probs: 'yes' }, 'HYDRA_ERR_BAD_VALUE', 'post_sampling_probs'],
+  ] as const)('%s %j is %s naming %s', (mode, body, code, key) => {
+    expect(rejection(() => requestSettings(body, inForce, { logprobs: mode }))).toMatchObject({
+      code,
+      keys: [key],
     });
   });
 
