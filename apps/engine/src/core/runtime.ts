@@ -33,7 +33,7 @@ import {
   resolveAuto,
 } from '../placement.js';
 import { DraftRuntime } from './draft.js';
-import { contextParamsFrom, modelParamsFrom } from './params.js';
+import { ConfigReader, contextParamsFrom, modelParamsFrom, stringsInForce } from './params.js';
 import type { Scheduler } from './scheduler.js';
 import type {
   Degraded,
@@ -181,7 +181,7 @@ export class Runtime {
     return this.#standby !== undefined;
   }
   get mode(): ExpertMode {
-    return this.#mode ?? ((this.#layers.get('rpc_servers') as string[]).length > 0 ? 'combined' : 'solo');
+    return this.#mode ?? (stringsInForce(this.#layers, 'rpc_servers').length > 0 ? 'combined' : 'solo');
   }
 
   devices(): Device[] {
@@ -211,7 +211,7 @@ export class Runtime {
   /** See `Engine.load`. */
   async load(options: { onProgress?: (p: number) => void; signal?: AbortSignal } = {}): Promise<void> {
     let cfg = this.#layers.effective();
-    const name = cfg.model as string;
+    const name = new ConfigReader(cfg).str('model');
     if (!name) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model configured');
     if (this.#state === 'loading') throw new HydraError('HYDRA_ERR_LOADING', 'a model is already loading');
     const target = this.#registry ? this.#registry.resolve(name).path : name;
@@ -231,7 +231,7 @@ export class Runtime {
       throw e;
     });
     const samePath = target === this.#modelPath;
-    const toTell = (cfg.rpc_servers as string[]) ?? [];
+    const toTell = new ConfigReader(cfg).strs('rpc_servers') ?? [];
     if (toTell.length > 0) {
       // Hydra peers index the file first and then receive none of its large tensors.
       for (const r of await tellPeersWeights(toTell, target)) {
@@ -249,7 +249,7 @@ export class Runtime {
     let stillLost: { peer: string; why: string } | undefined;
     try {
       const path = this.#registry ? this.#registry.resolve(name).path : name;
-      const peers = (cfg.rpc_servers as string[]) ?? [];
+      const peers = new ConfigReader(cfg).strs('rpc_servers') ?? [];
       const peerBufts: string[] = [];
       for (const peer of peers) {
         try {
@@ -337,7 +337,7 @@ export class Runtime {
     } catch (err) {
       if (err instanceof HydraError && err.code === 'HYDRA_ERR_PEER_LOST') {
         // What was built holds buffers on the lost peer: freeing it would wait on it for good.
-        const peers = (cfg.rpc_servers as string[]) ?? [];
+        const peers = new ConfigReader(cfg).strs('rpc_servers') ?? [];
         for (const p of peers) {
           markPeerLost(p);
           this.#lostInLoad.add(p);
@@ -354,7 +354,7 @@ export class Runtime {
         this.#facts = facts;
         await this.failOver(
           `peer ${stillLost.peer} lost during a load is still gone: ${stillLost.why}`,
-          [...((cfg.rpc_servers as string[]) ?? [])],
+          new ConfigReader(cfg).strs('rpc_servers') ?? [],
           'load',
         );
         return;
@@ -447,10 +447,10 @@ export class Runtime {
           if (err instanceof HydraError && err.code === 'HYDRA_ERR_PEER_LOST') {
             // The model's weights are on the lost peer too: no context can be built on it again.
             // The failover runs once the caller has put the configuration back (its own catch).
-            const peers = [...(this.#layers.get('rpc_servers') as string[])];
+            const peers = stringsInForce(this.#layers, 'rpc_servers');
             setTimeout(() => {
               // Unless the watchdog saw the loss first and has failed over already.
-              if (peers.length > 0 && (this.#layers.get('rpc_servers') as string[]).join() === peers.join())
+              if (peers.length > 0 && stringsInForce(this.#layers, 'rpc_servers').join() === peers.join())
                 void this.failOver(err.message, peers, 'context').catch(() => undefined);
             }, 0);
             throw err;
@@ -482,7 +482,7 @@ export class Runtime {
   async #rebuildContexts(cfg: Params, facts: ModelFacts | undefined): Promise<void> {
     await this.#scheduler.detach()?.dispose();
     this.#built = undefined;
-    await this.#createContext(cfg, facts, this.#layers.get('rpc_servers') as string[]);
+    await this.#createContext(cfg, facts, stringsInForce(this.#layers, 'rpc_servers'));
     if (this.#standby) {
       await this.#standby.ctx.dispose();
       this.#standby.ctx = await this.#standby.model.createContext(contextParamsFrom(cfg));
