@@ -85,8 +85,20 @@ export class EngineMetrics {
     this.#counter('hydra_decode_seconds_total', 'time spent in native decode', () => c.decodeSeconds);
     this.#counter(
       'hydra_spec_drafted_total',
-      'tokens guessed by speculative decoding (speculative.types ngram_simple)',
+      'tokens guessed by speculative decoding (every speculative.types)',
       () => c.specDrafted,
+    );
+    this.#counter(
+      'hydra_spec_type_drafted_total',
+      'tokens guessed, by speculative.types (ngram_simple, draft_simple)',
+      labelled('type', () => c.specByType.drafted),
+      ['type'],
+    );
+    this.#counter(
+      'hydra_spec_type_accepted_total',
+      'guessed tokens the model confirmed, by speculative.types',
+      labelled('type', () => c.specByType.accepted),
+      ['type'],
     );
     this.#counter(
       'hydra_spec_accepted_total',

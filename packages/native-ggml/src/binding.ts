@@ -193,6 +193,16 @@ export interface NativeDecodeEntry {
   logits?: boolean;
   /** The last `draft` tokens are guesses to verify (see DecodeTokens.draft). */
   draft?: number;
+  /** Report this many most likely tokens (see DecodeCommon.probs). */
+  probs?: number;
+  postSampling?: boolean;
+}
+
+/** One sampled token's probabilities (see DecodeResult.probs). */
+export interface NativeTokenProbs {
+  prob: number;
+  ids: Int32Array;
+  probs: Float32Array;
 }
 
 /**
@@ -219,16 +229,6 @@ export interface NativeServeLimits {
   /** Between messages while the session holds no buffer (default 60000; 0: never). */
   idleTimeoutMs?: number;
 }
-  /** Report this many most likely tokens (see DecodeCommon.probs). */
-  probs?: number;
-  postSampling?: boolean;
-}
-
-/** One sampled token's probabilities (see DecodeResult.probs). */
-export interface NativeTokenProbs {
-  prob: number;
-  ids: Int32Array;
-  probs: Float32Array;
 
 export interface NativeServeSummary {
   commands: number;

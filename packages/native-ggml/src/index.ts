@@ -503,16 +503,16 @@ export class Model {
   }
 
   /** A sampler chain with the per-request (T1) sampling parameters; `temp <= 0` is greedy. */
+  /** Why `draft` cannot draft for this model (llama.cpp's vocab compatibility check), or "". */
+  draftVocabMismatch(draft: Model): string {
+    return this.#binding.draftVocabMismatch(this.#h(), draft.#h());
+  }
+
   createSampler(params: NativeSamplerParams = {}): Sampler {
     return new Sampler(
       this.#binding,
       call(() => this.#binding.samplerCreate(this.#h(), params)),
     );
-  }
-
-  /** Why `draft` cannot draft for this model (llama.cpp's vocab compatibility check), or "". */
-  draftVocabMismatch(draft: Model): string {
-    return this.#binding.draftVocabMismatch(this.#h(), draft.#h());
   }
 
   /** Frees the model. Throws if contexts are still alive. */
@@ -693,13 +693,6 @@ interface DecodeCommon {
   sampler?: Sampler;
   /** Return the logits after the last token. */
   logits?: boolean;
-}
-
-/** Feeds the given tokens. */
-export interface DecodeTokens extends DecodeCommon {
-  tokens: Int32Array | number[];
-  follow?: false;
-  /**
   /**
    * Report the sampled token's probability and the `probs` most likely tokens (needs a sampler, no
    * `draft`), as llama-server's `n_probs`: a softmax over the whole vocabulary, or with
@@ -708,6 +701,13 @@ export interface DecodeTokens extends DecodeCommon {
    */
   probs?: number;
   postSampling?: boolean;
+}
+
+/** Feeds the given tokens. */
+export interface DecodeTokens extends DecodeCommon {
+  tokens: Int32Array | number[];
+  follow?: false;
+  /**
    * The last `draft` tokens are guesses (speculative decoding; needs a sampler, no `logits`, at
    * most n_batch tokens). The sampler runs after each of the last `draft + 1` positions in turn and
    * stops at the first sample that differs from the next guess: the step's `runs` entry holds those
@@ -737,13 +737,6 @@ export interface TokenProbs {
   /** Token ids, most likely first, and their probabilities. */
   ids: Int32Array;
   probs: Float32Array;
-  sampler: Sampler;
-}
-
-/**
- * A llama.cpp context. Operations run one at a time, in call order, off the JS thread. Decode steps
- * may be queued back to back (await neither): each starts the moment the one before ends.
- */
 }
 
 /**
@@ -753,6 +746,13 @@ export interface TokenProbs {
  */
 export interface DecodeFollow extends DecodeCommon {
   follow: true;
+  sampler: Sampler;
+}
+
+/**
+ * A llama.cpp context. Operations run one at a time, in call order, off the JS thread. Decode steps
+ * may be queued back to back (await neither): each starts the moment the one before ends.
+ */
 export class Context {
   readonly #binding: NativeBinding;
   #handle: ContextHandle | undefined;
@@ -815,6 +815,7 @@ export class Context {
       sampler: e.sampler ? e.sampler.handle : null,
       logits: e.logits ?? false,
       ...(e.follow !== true && e.draft ? { draft: e.draft } : {}),
+      ...(e.probs ? { probs: e.probs, postSampling: e.postSampling === true } : {}),
     }));
     const step = () => this.#binding.decodeStep(this.#h(), native);
     // Behind an exclusive operation (state get/set) queued or running: wait in line. Otherwise
@@ -824,7 +825,6 @@ export class Context {
     let run: Promise<DecodeResult>;
     try {
       run = step();
-      ...(e.probs ? probs: e.probs, postSampling: e.postSampling === true : ),
     } catch (err) {
       return Promise.reject(err).catch(rethrow);
     }
@@ -832,13 +832,6 @@ export class Context {
     return run.catch(rethrow);
   }
 
-  /** Removes positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end). */
-  removeSequence(seq: number, p0 = -1, p1 = -1): boolean {
-    return this.#binding.memorySeqRm(this.#h(), seq, p0, p1);
-  }
-
-  copySequence(src: number, dst: number, p0 = -1, p1 = -1): void {
-    this.#binding.memorySeqCp(this.#h(), src, dst, p0, p1);
   /**
    * Speculative drafting on a draft model's context (llama.cpp's draft-simple): feeds each entry's
    * `tokens` at `pos` (what the sequence lacks, ending with the target's last sample), then guesses
@@ -863,6 +856,13 @@ export class Context {
     return out.catch(rethrow);
   }
 
+  /** Removes positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end). */
+  removeSequence(seq: number, p0 = -1, p1 = -1): boolean {
+    return this.#binding.memorySeqRm(this.#h(), seq, p0, p1);
+  }
+
+  copySequence(src: number, dst: number, p0 = -1, p1 = -1): void {
+    this.#binding.memorySeqCp(this.#h(), src, dst, p0, p1);
   }
 
   /** Largest position held for a sequence, -1 when empty. */
@@ -971,25 +971,6 @@ export function installRpcAbortPark(): void {
 export function rpcParkedInfo(): { parked: number; last: string } {
   return native().rpcParkedInfo();
 }
-
-/**
- * Per-peer accounting of the ggml-RPC client path, cumulative since each peer's registration
- * (`addRpcServer` installs it): commands by type, round trips, time blocked on the peer, time
- * serializing, and the kernel's TCP counters of the connection; plus each local device's graph
- * compute and synchronize time. Reading it costs one `getsockopt` per peer (a `/proc/self/fd`
- * scan, at most 4 a second, until the peer's connection is found).
- */
-export function rpcAccounting(): NativeRpcAccounting {
-  return native().rpcAccounting();
-}
-
-export type {
-  NativeLocalAccounting as LocalAccounting,
-  NativeRpcAccounting as RpcAccounting,
-  NativeRpcPeerAccounting as RpcPeerAccounting,
-  NativeRpcTcp as RpcTcp,
-  RpcCommandName,
-};
 
 /**
  * Per-peer accounting of the ggml-RPC client path, cumulative since each peer's registration

@@ -57,10 +57,10 @@ interface Job {
         history: number[];
         /** Tokens guessed in the step in flight. */
         pending: number;
-      }
-    | undefined;
         /** The draft model's guess for the next step (draft_simple), made before it is assembled. */
         next?: number[];
+      }
+    | undefined;
 }
 
 /** What {@link Scheduler.slotInfo} reports of one slot. */
@@ -69,8 +69,10 @@ export interface SlotInfo {
   /** Tokens whose KV the slot keeps for reuse (cache_prompt). */
   cachedTokens: number;
   kvCells: number;
-  /** The running request is speculated (n-gram guesses). */
+  /** The running request is speculated (n-gram or draft-model guesses). */
   speculative: boolean;
+  /** Its speculative.types (ngram_simple, draft_simple), while one runs. */
+  speculativeType: string | undefined;
   /** Guessed and confirmed tokens of the running or last speculated request (llama-server's draft_n). */
   draftN: number;
   draftAccepted: number;
@@ -131,12 +133,12 @@ export class Scheduler {
   #cache: Int32Array[] = [];
   /** Per slot: the guess tally of its running or last speculated request. */
   #specTally: (SpecTally | undefined)[] = [];
-  /** Who holds admission (see {@link hold}), by token, with the reason and since when. */
-  readonly #holders = new Map<number, { reason: string; since: number }>();
   /** The draft model's context (speculative.types draft_simple), one sequence per slot. */
   #draft: Context | undefined;
   /** Per slot: the tokens whose KV the draft context's sequence holds. */
   #draftKv: number[][] = [];
+  /** Who holds admission (see {@link hold}), by token, with the reason and since when. */
+  readonly #holders = new Map<number, { reason: string; since: number }>();
   #holdSeq = 0;
   /** Bumped when the attached pair is abandoned: a decode loop of an older generation stops. */
   #gen = 0;
@@ -190,12 +192,12 @@ export class Scheduler {
   attach(model: Model, ctx: Context, draft?: Context): void {
     this.#model = model;
     this.#ctx = ctx;
+    this.#draft = draft;
+    this.#draftKv = [];
     this.#forgetTokens();
     const info = ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
     this.#budget = Math.max(1, info.nBatch);
-    this.#draft = draft;
-    this.#draftKv = [];
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
     this.#specTally = [];
@@ -256,6 +258,7 @@ export class Scheduler {
         cachedTokens: this.#cache[i]?.length ?? 0,
         kvCells: job ? (job.promptFed ? job.pos : job.fed) : (this.#cache[i]?.length ?? 0),
         speculative: job?.spec !== undefined,
+        speculativeType: job?.spec?.settings.type,
         draftN: tally?.drafted ?? 0,
         draftAccepted: tally?.accepted ?? 0,
       };
@@ -528,7 +531,7 @@ export class Scheduler {
       // Probabilities are computed one token a step (llama-server reports none for drafted tokens).
       const unspeculable = model.info.recurrent || !speculable(job.params.sampler) || job.params.probs !== undefined;
       const spec = unspeculable ? undefined : this.#speculative();
-      if (spec)
+      if (spec && (spec.type !== 'draft_simple' || this.#draft !== undefined))
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
       this.#specTally[i] = job.spec?.tally;
       this.#slots[i] = job;
@@ -555,6 +558,10 @@ export class Scheduler {
           }
           if (!this.#ctx) break;
           this.#admit();
+          if (this.#draft) {
+            await this.#draftStep(gen);
+            if (gen !== this.#gen) return;
+          }
           const next = this.#assemble();
           if (!next) {
             if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#holders.size > 0)) break;
@@ -584,10 +591,6 @@ export class Scheduler {
           if (ahead) await ahead.result.catch(() => undefined);
           ahead = undefined;
           continue;
-          if (this.#draft) {
-            await this.#draftStep(gen);
-            if (gen !== this.#gen) return;
-          }
         }
         if (gen !== this.#gen) return;
         const t1 = performance.now();
@@ -665,6 +668,7 @@ export class Scheduler {
           tokens.set(draft, 1);
           entries.push({ seq: job.slot, pos: job.pos, tokens, sampler: job.sampler!, draft: draft.length });
           this.#counters.specDrafted += draft.length;
+          this.#counters.specByType.drafted[job.spec!.settings.type]! += draft.length;
           decodeTokens += draft.length + 1;
         } else {
           entries.push({
@@ -822,6 +826,7 @@ export class Scheduler {
     // Every sample but the last confirmed a guess (the last corrects one, or follows them all).
     spec.tally.record(spec.pending, run.length - 1, job.generated.length + run.length);
     this.#counters.specAccepted += run.length - 1;
+    this.#counters.specByType.accepted[spec.settings.type]! += run.length - 1;
     spec.pending = 0;
     let taken = 0;
     for (const token of run) {
@@ -836,35 +841,6 @@ export class Scheduler {
     return taken;
   }
 
-  #send(job: Job, text: string): void {
-    if (!job.params.probs) {
-      if (text.length > 0) job.onText?.(text);
-      return;
-    }
-    const probs = job.output.take();
-    if (probs.length > 0) job.reported.push(...probs);
-    if (text.length > 0 || probs.length > 0) job.onText?.(text, probs);
-  }
-
-  /** The sampled token's probabilities with the pieces of the `n` most likely tokens. */
-  #tokenProb(job: Job, token: number, probs: TokenProbs): TokenProb {
-    const n = Math.min(job.params.probs?.n ?? 0, probs.ids.length);
-    const top: TokenProb['top'] = new Array(n);
-    for (let k = 0; k < n; k++) {
-      const id = probs.ids[k]!;
-      top[k] = { id, bytes: this.#piece(id), prob: probs.probs[k]! };
-    }
-    return { id: token, bytes: this.#piece(token), prob: probs.prob, top, offset: job.output.decoded };
-  }
-
-  #release(job: Job, outcome: FinishReason | Error): void {
-    if (job.slot >= 0 && this.#slots[job.slot] === job) {
-      this.#slots[job.slot] = undefined;
-      if (job.cachePrompt && !(outcome instanceof Error) && outcome !== 'cancelled' && job.promptFed) {
-        // The KV holds the prompt and every generated token fed back (all but the last sampled).
-        const fed = job.generated.slice(0, job.pos - job.prompt.length);
-        const held = new Int32Array(job.prompt.length + fed.length);
-        held.set(job.prompt);
   /**
    * The draft model's guesses for every generating slot's next step (draft_simple), in one native
    * call on the draft context before the step is assembled. The draft's KV keeps each slot's tokens
@@ -926,6 +902,35 @@ export class Scheduler {
     }
   }
 
+  #send(job: Job, text: string): void {
+    if (!job.params.probs) {
+      if (text.length > 0) job.onText?.(text);
+      return;
+    }
+    const probs = job.output.take();
+    if (probs.length > 0) job.reported.push(...probs);
+    if (text.length > 0 || probs.length > 0) job.onText?.(text, probs);
+  }
+
+  /** The sampled token's probabilities with the pieces of the `n` most likely tokens. */
+  #tokenProb(job: Job, token: number, probs: TokenProbs): TokenProb {
+    const n = Math.min(job.params.probs?.n ?? 0, probs.ids.length);
+    const top: TokenProb['top'] = new Array(n);
+    for (let k = 0; k < n; k++) {
+      const id = probs.ids[k]!;
+      top[k] = { id, bytes: this.#piece(id), prob: probs.probs[k]! };
+    }
+    return { id: token, bytes: this.#piece(token), prob: probs.prob, top, offset: job.output.decoded };
+  }
+
+  #release(job: Job, outcome: FinishReason | Error): void {
+    if (job.slot >= 0 && this.#slots[job.slot] === job) {
+      this.#slots[job.slot] = undefined;
+      if (job.cachePrompt && !(outcome instanceof Error) && outcome !== 'cancelled' && job.promptFed) {
+        // The KV holds the prompt and every generated token fed back (all but the last sampled).
+        const fed = job.generated.slice(0, job.pos - job.prompt.length);
+        const held = new Int32Array(job.prompt.length + fed.length);
+        held.set(job.prompt);
         held.set(fed, job.prompt.length);
         this.#cache[job.slot] = held;
       } else {
