@@ -21,6 +21,72 @@ export interface LogOptions {
   sink?: LogSink;
 }
 
+/**
+ * A lifecycle event, logged as one structured line whose `event` and `cause` fields name it (the
+ * message is for people; tools read the fields). Causes: `startup` (the `-m` load),
+ * `configure` (a CONFIGURE or control request applied at once), `deferred` (applied when the slots
+ * drained or the drain timeout passed), `watchdog` / `load` / `context` (what saw a peer loss),
+ * `peer_answered` (a lost peer answered again).
+ */
+export type LifecycleEvent =
+  | {
+      event: 'load';
+      cause: 'startup' | 'configure' | 'deferred';
+      model: string;
+      seconds: number;
+      epoch: number;
+    }
+  | { event: 'load_failed'; cause: 'startup'; code: string; message: string }
+  | {
+      event: 'reconfigure';
+      cause: 'configure' | 'deferred';
+      rebuild: 'none' | 'sampler' | 'context' | 'model';
+      keys: string[];
+      epoch: number;
+      ms: number;
+    }
+  | {
+      event: 'reconfigure_failed';
+      cause: 'configure' | 'deferred';
+      rebuild: 'context' | 'model';
+      keys: string[];
+      code: string;
+      message: string;
+      restored: boolean;
+    }
+  | {
+      event: 'failover';
+      cause: 'watchdog' | 'load' | 'context';
+      reason: string;
+      peers: string[];
+      action: 'solo' | 'offload' | 'none';
+      ended_requests: number;
+      rejoin: boolean;
+    }
+  | { event: 'rejoin'; cause: 'peer_answered'; peers: string[] }
+  | { event: 'rejoin_failed'; cause: 'peer_answered'; peers: string[]; message: string };
+
+const FAILED = new Set(['load_failed', 'reconfigure_failed', 'rejoin_failed']);
+
+function lifecycleMessage(e: LifecycleEvent): string {
+  switch (e.event) {
+    case 'load':
+      return `hydra-engine: model loaded (${e.cause}): ${e.model} in ${e.seconds.toFixed(2)} s, epoch ${e.epoch}`;
+    case 'load_failed':
+      return `hydra-engine: model load failed (${e.cause}): ${e.code}: ${e.message}`;
+    case 'reconfigure':
+      return `hydra-engine: ${e.rebuild} rebuild of ${e.keys.join(', ')} applied (${e.cause}) in ${e.ms} ms, epoch ${e.epoch}`;
+    case 'reconfigure_failed':
+      return `hydra-engine: ${e.rebuild} rebuild of ${e.keys.join(', ')} failed (${e.cause}): ${e.code}`;
+    case 'failover':
+      return `hydra-engine: failover (${e.cause}) from ${e.peers.join(', ')}: ${e.action}; ${e.reason}`;
+    case 'rejoin':
+      return `hydra-engine: lost peer(s) ${e.peers.join(', ')} answer again; restoring COMBINE`;
+    case 'rejoin_failed':
+      return `hydra-engine: rejoin of ${e.peers.join(', ')} failed: ${e.message}`;
+  }
+}
+
 /** The engine's logger: pino's levels and JSON lines, with {@link close} for the log file. */
 export interface EngineLogger {
   trace(msg: string, fields?: Record<string, unknown>): void;
@@ -31,6 +97,8 @@ export interface EngineLogger {
   fatal(msg: string, fields?: Record<string, unknown>): void;
   /** One line per answered request (route, status, tokens, TTFT, duration, epoch). */
   request(rec: RequestRecord): void;
+  /** One line per lifecycle event (`event`, `cause` and the event's fields); failures at warn. */
+  lifecycle(e: LifecycleEvent): void;
   close(): void;
 }
 
@@ -137,6 +205,9 @@ export function createLogger(options: LogOptions = {}): EngineLogger {
       // A status 0 is a client that went away before any answer.
       const lvl = rec.status >= 500 || rec.status === 0 ? 'warn' : 'info';
       log[lvl](fields, `${rec.method} ${rec.route} ${rec.status}`);
+    },
+    lifecycle(e) {
+      log[FAILED.has(e.event) ? 'warn' : 'info']({ ...e }, lifecycleMessage(e));
     },
     close() {
       if (file !== undefined) closeSync(file);

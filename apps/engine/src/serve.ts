@@ -122,6 +122,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
   let port: HydraPort | undefined;
   const controller = new Controller({
     engine,
+    lifecycle: (e) => logger.lifecycle(e),
     registry: args.registry,
     drainTimeoutMs,
     stateTimeoutMs: args.settings.stateTimeoutMs,
@@ -268,6 +269,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
             `${engine.slots.nCtxSeq} tokens) in ${engine.counters.loadSeconds.toFixed(2)} s, epoch ${engine.epoch}`,
           {
             event: 'load',
+            cause: 'startup',
             model: engine.modelPath,
             seconds: engine.counters.loadSeconds,
             epoch: engine.epoch,
@@ -283,6 +285,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
             : new HydraError('HYDRA_ERR_LOAD_FAILED', (err as Error).message, { cause: err });
         logger.error(`hydra-engine: ${loadError.code}: ${loadError.message}`, {
           event: 'load_failed',
+          cause: 'startup',
           code: loadError.code,
         });
       });

@@ -16,6 +16,7 @@ import { decideFailover } from '../combine/failover.js';
 import { samplerParamsFrom } from '../core/params.js';
 import type { Engine, ExpertMode, FailoverAnswer, PeerLossEvent } from '../engine.js';
 import { HydraError } from '../errors.js';
+import type { LifecycleEvent } from '../log.js';
 import {
   checkContext,
   type EngineFit,
@@ -48,6 +49,8 @@ export interface ControllerOptions {
   probe?: (endpoint: string) => Promise<unknown>;
   /** Where a failed rebuild is logged; stderr by default. */
   log?: (message: string) => void;
+  /** Told of every reconfigure, model load, failover and rejoin it carries out, with the cause (log.ts). */
+  lifecycle?: (event: LifecycleEvent) => void;
   /** An unfinished STATE_PUT upload or unread STATE_GET snapshot is dropped after this idle time (default 60000). */
   stateTimeoutMs?: number;
   /** Bytes all unfinished STATE_PUT uploads may declare (`total`) together (default 1 GiB). */
@@ -222,6 +225,7 @@ export class Controller {
   readonly #probe: (endpoint: string) => Promise<unknown>;
   readonly #indexWeights: ControllerOptions['indexWeights'];
   readonly #log: (message: string) => void;
+  readonly #lifecycle: (event: LifecycleEvent) => void;
   #lastFailure: RebuildFailure | undefined;
   #policy: DeferralPolicy;
   #chain: Promise<void> = Promise.resolve();
@@ -255,6 +259,9 @@ export class Controller {
     if (options.log !== undefined && typeof options.log !== 'function')
       throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.log must be a function');
     this.#log = options.log ?? ((m) => process.stderr.write(`${m}\n`));
+    if (options.lifecycle !== undefined && typeof options.lifecycle !== 'function')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.lifecycle must be a function');
+    this.#lifecycle = options.lifecycle ?? (() => undefined);
     const positive = (key: 'stateTimeoutMs' | 'maxStateUploadBytes', dflt: number) => {
       const v = options[key] ?? dflt;
       if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
@@ -266,8 +273,19 @@ export class Controller {
     this.#policy = this.#freshPolicy();
     engine.setPeerEvents({
       lost: (event) => this.#peerLost(event),
-      rejoined: () => this.#adopt(this.#loss?.previous),
-      rejoinFailed: () => this.#adopt(this.#loss?.fallback),
+      rejoined: (e) => {
+        this.#lifecycle({ event: 'rejoin', cause: 'peer_answered', peers: e.peers });
+        this.#adopt(this.#loss?.previous);
+      },
+      rejoinFailed: (e) => {
+        this.#lifecycle({
+          event: 'rejoin_failed',
+          cause: 'peer_answered',
+          peers: e.peers,
+          message: e.error.message,
+        });
+        this.#adopt(this.#loss?.fallback);
+      },
     });
     engine.onSlotsChanged((busy) => {
       // Called from inside the decode loop: a policy error must not unwind into it. A failed
@@ -306,6 +324,15 @@ export class Controller {
       build === 'offload' ? { rpc_servers: [], n_gpu_layers: decision!.n_gpu_layers } : { rpc_servers: [] },
     );
     this.#loss = { previous, fallback: { rpc_servers: [], n_gpu_layers: layers.get('n_gpu_layers') } };
+    this.#lifecycle({
+      event: 'failover',
+      cause: event.cause,
+      reason: event.reason,
+      peers: event.peers,
+      action: build,
+      ended_requests: event.atOnce.endRequests,
+      rejoin: cfg.peer_rejoin !== false,
+    });
     return { build, decision, rejoin: cfg.peer_rejoin !== false };
   }
 
@@ -660,8 +687,10 @@ export class Controller {
     this.#drainRelease = undefined;
     const run = async () => {
       try {
+        const started = performance.now();
         await this.#rebuild(d.rebuild);
         if (d.rebuild === 'context' || d.rebuild === 'model') this.#lastFailure = undefined;
+        this.#applied(d, deferred, performance.now() - started);
       } catch (err) {
         engine.layers.record(previous);
         this.#policy = this.#freshPolicy();
@@ -682,6 +711,28 @@ export class Controller {
     return step;
   }
 
+  /** Tells the lifecycle listener of an applied change set (and of the model load it made). */
+  #applied(d: Decision, deferred: boolean, ms: number): void {
+    const cause = deferred ? 'deferred' : 'configure';
+    const { engine } = this;
+    if (d.rebuild === 'model' && engine.model)
+      this.#lifecycle({
+        event: 'load',
+        cause,
+        model: engine.modelPath ?? '',
+        seconds: engine.counters.loadSeconds,
+        epoch: engine.epoch,
+      });
+    this.#lifecycle({
+      event: 'reconfigure',
+      cause,
+      rebuild: d.rebuild,
+      keys: d.apply.map((c) => c.key),
+      epoch: engine.epoch,
+      ms: Math.round(ms * 10) / 10,
+    });
+  }
+
   /** Records, logs and counts a failed rebuild; a deferred one has no caller to hear of it otherwise. */
   #failed(d: Decision, err: unknown, deferred: boolean): void {
     const e = err instanceof HydraError ? err : undefined;
@@ -698,6 +749,15 @@ export class Controller {
     };
     this.engine.counters.rebuildFailures[rebuild] += 1;
     const f = this.#lastFailure;
+    this.#lifecycle({
+      event: 'reconfigure_failed',
+      cause: deferred ? 'deferred' : 'configure',
+      rebuild,
+      keys: f.keys,
+      code: f.code,
+      message: f.message,
+      restored: f.restored,
+    });
     this.#log(
       `hydra-engine: ${f.deferred ? 'deferred ' : ''}${rebuild} rebuild of ${f.keys.join(', ')} failed: ${f.code}: ${f.message}; ` +
         (f.restored ? `the previous configuration serves (epoch ${f.epoch})` : `state ${this.engine.state}`),
