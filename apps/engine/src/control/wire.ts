@@ -46,6 +46,13 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
       accepted: engine.counters.specAccepted,
       acceptance:
         engine.counters.specDrafted > 0 ? engine.counters.specAccepted / engine.counters.specDrafted : 0,
+      // The same per speculative.types.
+      types: Object.fromEntries(
+        Object.entries(engine.counters.specByType.drafted).map(([type, drafted]) => {
+          const accepted = engine.counters.specByType.accepted[type] ?? 0;
+          return [type, { drafted, accepted, acceptance: drafted > 0 ? accepted / drafted : 0 }];
+        }),
+      ),
     },
     state_chunk_size: c.stateChunkSize,
     devices: engine

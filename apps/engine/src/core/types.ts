@@ -86,6 +86,8 @@ export interface EngineCounters {
   /** Speculative decoding: tokens guessed, and those of them the model confirmed. */
   specDrafted: number;
   specAccepted: number;
+  /** The same two by speculative.types (ngram_simple, draft_simple). */
+  specByType: { drafted: Record<string, number>; accepted: Record<string, number> };
   loadSeconds: number;
   rejectedQueueFull: number;
   /** T2/T3 rebuilds that failed (at once or deferred), by what they rebuilt. */
@@ -176,6 +178,10 @@ export function newCounters(): EngineCounters {
     promptChunks: 0,
     specDrafted: 0,
     specAccepted: 0,
+    specByType: {
+      drafted: { ngram_simple: 0, draft_simple: 0 },
+      accepted: { ngram_simple: 0, draft_simple: 0 },
+    },
     loadSeconds: 0,
     rejectedQueueFull: 0,
     rebuildFailures: { context: 0, model: 0 },

@@ -387,6 +387,8 @@ export class LlamaRoutes {
     return info.map((s, i) => ({
       ...this.#slotJson(i, s.busy, cfg),
       speculative: s.speculative,
+      // Hydra's: which speculative.types the running request drafts with (absent when none).
+      ...(s.speculativeType ? { speculative_type: s.speculativeType } : {}),
       n_cached: s.cachedTokens,
       // llama-server's timings names: guessed tokens and those confirmed, of the slot's last request.
       draft_n: s.draftN,
