@@ -36,7 +36,7 @@ async function post(path: string, body: unknown) {
 }
 
 /** The `data:` objects of a server-sent event stream. */
-async function events(path: string, body: unknown): Promise<any[]> {
+async function events(path: string, body: Record<string, unknown>): Promise<any[]> {
   const res = await fetch(`${eng.url}${path}`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
