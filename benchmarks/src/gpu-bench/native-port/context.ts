@@ -34,7 +34,7 @@ export interface NativePortOptions {
   shapes: string[];
   models: string;
   bin: string;
-  /** The folder of the engine bundle cli.cjs (default: beside this bundle). */
+  /** The folder of the engine bundle cli.cjs (default: beside this bundle, else apps/engine/dist/cli.js). */
   js: string | undefined;
   reps: number;
   threads: number | undefined;
@@ -200,14 +200,19 @@ export class NativePortContext {
   readonly h: Harness<NativeFigure>;
   readonly opts: NativePortOptions;
   readonly planner: Planner;
-  /** The folder holding the engine bundle cli.cjs. */
-  readonly jsDir: string;
+  /** The engine CLI: `--js DIR`/cli.cjs, else found as the other benchmarks find it. */
+  readonly engineCli: string | undefined;
 
-  constructor(h: Harness<NativeFigure>, opts: NativePortOptions, planner: Planner, jsDir: string) {
+  constructor(
+    h: Harness<NativeFigure>,
+    opts: NativePortOptions,
+    planner: Planner,
+    engineCli: string | undefined,
+  ) {
     this.h = h;
     this.opts = opts;
     this.planner = planner;
-    this.jsDir = jsDir;
+    this.engineCli = engineCli;
   }
 
   tool(name: string): string {
@@ -227,7 +232,7 @@ export class NativePortContext {
   /** An engine with the model (`-ngl 99 -c 4096 -np 1`, an HTTP and a merged RPC port), once ready. */
   async startEngine(model: string): Promise<Server & { rpcPort: number }> {
     const rpcPort = await freeLoopbackPort();
-    const s = await startEngine(this.h.processes, join(this.jsDir, 'cli.cjs'), {
+    const s = await startEngine(this.h.processes, this.engineCli, {
       args: (port) => [
         '-m',
         model,
@@ -251,7 +256,7 @@ export class NativePortContext {
   /** A model-less engine lending its device over its merged port. */
   async startPeer(): Promise<Server & { rpcPort: number }> {
     const rpcPort = await freeLoopbackPort();
-    const s = await startEngine(this.h.processes, join(this.jsDir, 'cli.cjs'), {
+    const s = await startEngine(this.h.processes, this.engineCli, {
       args: (port) => ['--port', String(port), '--rpc-port', String(rpcPort)],
       state: 'empty',
       timeoutMs: 60_000,

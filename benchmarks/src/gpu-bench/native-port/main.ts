@@ -1,6 +1,5 @@
 import { existsSync, mkdirSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join, resolve } from 'node:path';
 import { HydraError } from '@hydra-engine/errors';
 import { initBackend, listDevices } from '@hydra-engine/native-ggml';
 import { type SynthShape, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
@@ -9,6 +8,7 @@ import {
   badFlag,
   Harness,
   localDevice,
+  locate,
   type Part,
   parseFlags,
   parseListDevices,
@@ -342,7 +342,8 @@ export async function main(argv: readonly string[], entryUrl: string, planner: P
     },
     notes,
   );
-  const c = new NativePortContext(h, opts, planner, opts.js ?? dirname(fileURLToPath(entryUrl)));
+  const engineCli = opts.js ? join(opts.js, 'cli.cjs') : locate(entryUrl, opts.bin, 'llama-bench').engineCli;
+  const c = new NativePortContext(h, opts, planner, engineCli);
   h.processes.installExitHandlers();
   h.startWatchdog(20);
   for (const [i, shape] of opts.shapes.entries()) {
