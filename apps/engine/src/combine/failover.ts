@@ -9,9 +9,11 @@
 import type { Device } from '@hydra-engine/native-ggml';
 import { type ModelFacts, type PlanDevice, planSplit, type SplitPlanOptions } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
+import { ConfigReader } from '../core/params.js';
 import { HydraError } from '../errors.js';
 
-export type FailoverPolicy = 'auto' | 'solo' | 'offload' | 'none';
+const FAILOVER_POLICIES = ['auto', 'solo', 'offload', 'none'] as const;
+export type FailoverPolicy = (typeof FAILOVER_POLICIES)[number];
 
 /** The policy a failover took and the figures it was taken on (STATUS and /health show it). */
 export interface FailoverDecision {
@@ -80,15 +82,16 @@ function planOptions(
   devices: PlanDevice[],
   onHost: boolean,
 ): SplitPlanOptions {
-  const nCtx = (cfg.n_ctx as number) || facts.nCtxTrain || 4096;
+  const c = new ConfigReader(cfg);
+  const nCtx = c.int('n_ctx') || facts.nCtxTrain || 4096;
   return {
     devices,
     nCtx,
-    cacheTypeK: (cfg.cache_type_k as string) || 'f16',
-    cacheTypeV: (cfg.cache_type_v as string) || 'f16',
-    nParallel: (cfg.n_parallel as number) || 1,
+    cacheTypeK: c.str('cache_type_k') || 'f16',
+    cacheTypeV: c.str('cache_type_v') || 'f16',
+    nParallel: c.int('n_parallel') || 1,
     kvUnified: cfg.kv_unified === true,
-    nUbatch: (cfg.n_ubatch as number) || 512,
+    nUbatch: c.int('n_ubatch') || 512,
     flashAttn: cfg.flash_attn !== 'off',
     swaFull: cfg.swa_full === true,
     // On the host the cap is the whole budget; a GPU keeps the planner's default margin.
@@ -106,11 +109,12 @@ export function decideFailover(
   devices: readonly Device[],
   hostFree: number,
 ): FailoverDecision {
-  const requested = ((cfg.failover_policy as string) || 'auto') as FailoverPolicy;
-  const caps = memoryCaps((cfg.device_memory_cap as string[]) ?? []);
+  const c = new ConfigReader(cfg);
+  const requested = c.oneOf('failover_policy', FAILOVER_POLICIES) ?? 'auto';
+  const caps = memoryCaps(c.strs('device_memory_cap') ?? []);
   const local = localPlanDevices(devices, hostFree, caps);
   const all = facts.nLayerAll + 1;
-  const ngl = cfg.n_gpu_layers as number;
+  const ngl = c.int('n_gpu_layers') ?? -1;
   const base = planOptions(facts, cfg, local.plan, local.onHost);
   const soloFits = planSplit(facts, {
     ...base,

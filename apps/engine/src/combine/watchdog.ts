@@ -19,6 +19,7 @@
 //   n_batch step on the slowest pair (2,048 tokens at 600 tok/s: 3.4 s, under the 15 s default).
 import { connect as tcpConnect } from 'node:net';
 import { probeRpcServer, rpcParkedInfo } from '@hydra-engine/native-ggml';
+import { stringsInForce } from '../core/params.js';
 import type { Engine } from '../engine.js';
 import { HydraError } from '../errors.js';
 
@@ -132,7 +133,7 @@ export class PeerWatchdog {
   async check(): Promise<void> {
     if (this.#busy) return;
     const engine = this.#engine;
-    const peers = engine.layers.get('rpc_servers') as string[];
+    const peers = stringsInForce(engine.layers, 'rpc_servers');
     if (engine.state !== 'ready' || peers.length === 0) {
       this.#misses.clear();
       this.#answersWhileInUse.clear();
@@ -199,7 +200,7 @@ export class PeerWatchdog {
     const engine = this.#engine;
     // Only peers still configured and in use are named; all of them are dropped (the model used
     // every one: a loss of one breaks its graph).
-    if (engine.state !== 'ready' || (engine.layers.get('rpc_servers') as string[]).join() !== peers.join())
+    if (engine.state !== 'ready' || stringsInForce(engine.layers, 'rpc_servers').join() !== peers.join())
       return;
     this.#busy = true;
     try {

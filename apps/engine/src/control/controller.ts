@@ -13,7 +13,7 @@ import {
 } from '@hydra-engine/tiering';
 import { freshDevices, peerDeviceNames } from '../combine/devices.js';
 import { decideFailover } from '../combine/failover.js';
-import { samplerParamsFrom } from '../core/params.js';
+import { ConfigReader, samplerParamsFrom, stringsInForce } from '../core/params.js';
 import type { Engine, ExpertMode, FailoverAnswer, PeerLossEvent } from '../engine.js';
 import { HydraError } from '../errors.js';
 import type { LifecycleEvent } from '../log.js';
@@ -596,7 +596,7 @@ export class Controller {
     // A new model's GGUF is checked now, before anything is recorded or deferred.
     if (typeof model === 'string' && model !== '') {
       const facts = await modelFacts(await this.resolveModel(model));
-      if (((r.next.rpc_servers as string[] | undefined) ?? []).length === 0) {
+      if ((new ConfigReader(r.next).strs('rpc_servers') ?? []).length === 0) {
         // Its context against the whole memory of the devices (what the old model frees is only
         // known after the unload, where the load checks again): refuses what can never fit.
         const whole = (await freshDevices(2000, false)).map((d) => ({ ...d, free: d.total }));
@@ -613,7 +613,7 @@ export class Controller {
       const facts = await modelFacts(engine.modelPath);
       checkContext(facts, r.next, await freshDevices(), { facts, cfg: engine.layers.effective() });
     }
-    const peers = (r.next.rpc_servers as string[] | undefined) ?? [];
+    const peers = new ConfigReader(r.next).strs('rpc_servers') ?? [];
     if (changed.has('rpc_servers') || (changed.has('model') && peers.length > 0)) {
       for (const peer of peers) {
         try {
@@ -917,7 +917,7 @@ export class Controller {
         `the loaded model (${model.info.arch}) is dense: it has no experts to place`,
       );
     }
-    if ((this.engine.layers.get('rpc_servers') as string[]).length === 0) {
+    if (stringsInForce(this.engine.layers, 'rpc_servers').length === 0) {
       throw new HydraError('HYDRA_ERR_NO_PEER', 'no rpc_servers peer is configured to hold experts', {
         keys: ['rpc_servers'],
       });
