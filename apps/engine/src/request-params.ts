@@ -71,7 +71,6 @@ export const REFUSED_FIELDS: Readonly<Record<string, { neutral: (v: unknown) => 
       neutral: (v) => v === 1,
       why: 'best_of (rank choices by log probability server-side) is not implemented; use n',
     },
-    suffix: { neutral: (v) => v === '', why: 'infill (suffix) completions are not implemented' },
     timings_per_token: { neutral: (v) => v === false, why: 'per-token timings are not returned' },
     return_progress: { neutral: (v) => v === false, why: 'prompt progress is not streamed' },
     n_indent: { neutral: (v) => v === 0, why: 'indentation stops are not implemented' },

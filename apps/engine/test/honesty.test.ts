@@ -614,6 +614,10 @@ describe('per-request fields and refusals at every door', () => {
     [{ grammar: 'root ::= (' }, 'HYDRA_ERR_BAD_VALUE', ['grammar']],
     [{ logit_bias: [[5000, 1]] }, 'HYDRA_ERR_BAD_VALUE', ['logit_bias']],
     [{ mirostat: 7 }, 'HYDRA_ERR_BAD_VALUE', ['mirostat']],
+    [{ n: 99 }, 'HYDRA_ERR_BAD_VALUE', ['n']],
+    [{ best_of: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', ['best_of']],
+    [{ echo: 'yes' }, 'HYDRA_ERR_BAD_REQUEST', ['echo']],
+    [{ suffix: 3 }, 'HYDRA_ERR_BAD_REQUEST', ['suffix']],
     // Completions take logprobs as a count (0..20, OpenAI's bound on top_logprobs).
     [{ logprobs: true }, 'HYDRA_ERR_BAD_VALUE', ['logprobs']],
     [{ logprobs: 21 }, 'HYDRA_ERR_BAD_VALUE', ['logprobs']],
