@@ -304,6 +304,7 @@ export class Runtime {
       this.#model = await watchPeers(peers, 'the model load', Model.load(params, loadOpts), (m) =>
         ABANDONED.push(m),
       );
+      await this.#draft.load(cfg, this.#model);
       this.#modelPath = path;
       this.#facts = facts;
       await this.#createContext(cfg, facts, peers);
@@ -311,7 +312,6 @@ export class Runtime {
       if (dual) {
         // The SOLO placement stays resident beside the COMBINED one, with its own context, so
         // SET_EXPERT_MODE only switches which pair serves the next step. With mmap on the CPU both
-      await this.#draft.load(cfg, this.#model);
         // models share the file's pages; on GPUs the non-expert weights are held twice.
         const model = await Model.load(withDevices(configured, []), loadOpts);
         try {
@@ -408,6 +408,7 @@ export class Runtime {
     this.#built = undefined;
     this.#facts = undefined;
     await this.#scheduler.detach()?.dispose();
+    await this.#draft.free();
     this.#model?.dispose();
     this.#model = undefined;
     await this.#standby?.ctx.dispose();
@@ -417,7 +418,6 @@ export class Runtime {
 
   /** See `Engine.reconfigure`. */
   async reconfigure(rebuild: 'none' | 'sampler' | 'context' | 'model'): Promise<void> {
-    await this.#draft.free();
     if (rebuild === 'model') {
       await this.load();
       return;
