@@ -139,10 +139,16 @@ describe('chat logprobs through the openai client', () => {
         for (const l of logits) sum += Math.exp(l - max);
         const logp = (t: number) => logits[t]! - max - Math.log(sum);
         const order = Array.from(logits.keys()).sort((a, b) => logits[b]! - logits[a]!);
-        expect(entry.id).toBe(order[0]);
-        expect(entry.logprob).toBeCloseTo(logp(entry.id), 4);
-        expect(entry.top_logprobs.map((c: any) => c.id)).toEqual(order.slice(0, 5));
-        for (const c of entry.top_logprobs) expect(c.logprob).toBeCloseTo(logp(c.id), 4);
+        // This context's threads and batch differ from the engine's: logits agree to ~1e-4, so two
+        // random-weight tokens that close may swap places; each value must match its own token's.
+        const near = (a: number, b: number) => expect(Math.abs(a - b)).toBeLessThan(2e-3);
+        near(entry.logprob, logp(entry.id));
+        near(logp(entry.id), logp(order[0]!));
+        for (const c of entry.top_logprobs) near(c.logprob, logp(c.id));
+        // The listed five are the five most likely, but for such swaps at the fifth place.
+        expect(logp(entry.top_logprobs[4].id)).toBeGreaterThan(logp(order[5]!) - 2e-3);
+        const listed = new Set(entry.top_logprobs.map((c: any) => c.id));
+        for (const t of order.slice(0, 5)) if (!listed.has(t)) near(logp(t), logp(order[4]!));
         feed = Int32Array.of(entry.id);
       }
     } finally {
@@ -298,6 +304,7 @@ describe('bad values and the configured default', () => {
     ['/v1/completions', { prompt: 'x', logprobs: 21 }, 'HYDRA_ERR_BAD_VALUE', 'logprobs'],
     ['/v1/completions', { prompt: 'x', logprobs: 2, echo: true }, 'HYDRA_ERR_UNSUPPORTED_FIELD', 'logprobs'],
     ['/completion', { prompt: 'x', n_probs: -1 }, 'HYDRA_ERR_BAD_VALUE', 'n_probs'],
+    ['/v1/responses', { input: 'x', n_probs: 2 }, 'HYDRA_ERR_UNSUPPORTED_FIELD', 'n_probs'],
     [
       '/completion',
       { prompt: 'x', n_probs: 2, post_sampling_probs: 1 },
@@ -325,6 +332,9 @@ describe('bad values and the configured default', () => {
       expect(
         (await post('/completion', { ...body, n_probs: 0 })).json.completion_probabilities,
       ).toBeUndefined();
+      // A Responses answer has no place for them: the default does not make it fail.
+      const resp = await post('/v1/responses', { input: 'Hello', temperature: 0, max_output_tokens: 3 });
+      expect([resp.status, resp.json.status]).toEqual([200, 'completed']);
     } finally {
       await hydra.configure({ 'sampling.n_probs': 0 });
     }

@@ -353,6 +353,16 @@ export async function complete(
         keys: ['logprobs'],
       },
     );
+  if (responses && params.probs) {
+    // Responses' output_text carries no log probabilities here: an explicit ask is refused, and the
+    // configured default (sampling.n_probs) is not computed for nothing.
+    const asked = ['logprobs', 'top_logprobs', 'n_probs'].find(
+      (k) => body[k] !== undefined && body[k] !== null,
+    );
+    if (asked) throw unsupportedField(asked, 'a Responses answer carries no log probabilities');
+    const { probs: _probs, ...rest } = params;
+    params = rest;
+  }
   if (rendered) {
     params = {
       ...params,
