@@ -12,12 +12,12 @@
 // on the peer (RPC0); split = --tensor-split 1,1 over RPC0 and --local-device (a CPU head: the
 // last --split-ngl layers on the peer); moe = the MoE model in COMBINED mode (experts on the peer,
 // the rest local).
-import { spawn } from 'node:child_process';
+import { execSync, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { freePort } from './figures.mjs';
+import { freePort, summary } from './figures.mjs';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 const argv = process.argv.slice(2);
@@ -256,6 +256,7 @@ function medianOf(objs) {
 
 const loadBefore = loadavg()[0];
 const results = [];
+const sampleSets = new Map();
 for (const name of cases) {
   const samples = [];
   for (let run = 0; run < runs; run++) {
@@ -287,6 +288,7 @@ for (const name of cases) {
     },
     wall_ms_samples: samples.map((x) => round3(x.wall_ms)),
   };
+  sampleSets.set(name, samples);
   results.push(row);
   const p = row.per_token.peers?.[0];
   console.log(
@@ -299,9 +301,7 @@ for (const name of cases) {
   );
 }
 
-const doc = {
-  bench: 'rpc-breakdown',
-  date: new Date().toISOString(),
+const notes = {
   command: `node apps/engine/bench/rpc-breakdown-bench.mjs ${argv.join(' ')}`.trim(),
   model: one('--model') ?? 'synthetic llama tiny q8_0 (seed 3)',
   moe_model: cases.includes('moe') ? (one('--moe-model') ?? 'synthetic moe tiny q8_0 (seed 3)') : undefined,
@@ -337,6 +337,75 @@ const doc = {
       'with backend sampling (default) the sampler runs inside the graph of the device that holds the output layer, so it is part of local compute or peer wait',
   },
   results,
+};
+
+// Figures in the benchmarks' results schema (the dashboard reads every results file): per case the
+// decode rate against the local anchor, and the per-token wait, round trips and bytes of peer 0.
+const figures = [];
+const anchorRate = sampleSets.has('local')
+  ? summary(
+      'local decode',
+      'tok/s',
+      sampleSets.get('local').map((x) => x.tokens_per_second),
+    )
+  : undefined;
+for (const [name, samples] of sampleSets) {
+  const label = `rpc-breakdown ${name}`;
+  figures.push(
+    summary(
+      `${label} decode`,
+      'tok/s',
+      samples.map((x) => x.tokens_per_second),
+      name === 'local' ? undefined : anchorRate,
+    ),
+  );
+  if (name === 'local') continue;
+  const p0 = (pick) => samples.map((x) => pick(x.peers[0]));
+  const lower = (fig) => ({ ...fig, better: 'lower' });
+  figures.push(
+    lower(
+      summary(
+        `${label} peer wait per token`,
+        'ms',
+        p0((p) => p.reply_wait_ms + p.send_wait_ms),
+      ),
+    ),
+  );
+  figures.push(
+    lower(
+      summary(
+        `${label} round trips per token`,
+        'count',
+        p0((p) => p.round_trips),
+      ),
+    ),
+  );
+  figures.push(
+    lower(
+      summary(
+        `${label} bytes out per token`,
+        'bytes',
+        p0((p) => p.bytes_sent),
+      ),
+    ),
+  );
+  figures.push(
+    lower(
+      summary(
+        `${label} bytes in per token`,
+        'bytes',
+        p0((p) => p.bytes_received),
+      ),
+    ),
+  );
+}
+const doc = {
+  name: 'rpc-breakdown',
+  commit: execSync('git rev-parse --short HEAD', { encoding: 'utf8' }).trim(),
+  machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, node: process.version },
+  date: new Date().toISOString(),
+  figures,
+  notes,
 };
 mkdirSync(dirname(out), { recursive: true });
 writeFileSync(out, `${JSON.stringify(doc, null, 2)}\n`);
