@@ -119,6 +119,25 @@ describe('n > 1', () => {
     expect([c.status, c.json.error.keys]).toEqual([400, ['n']]);
   });
 
+  it('/completion: n choices are an array of llama-server objects, streamed with their index', async () => {
+    const body = { prompt: 'The red fox', n_predict: 6, temperature: 0, n: 2 };
+    const r = await post(eng.url, '/completion', body);
+    expect(r.json.map((o: any) => o.index)).toEqual([0, 1]);
+    expect(r.json[1].content).toBe(r.json[0].content);
+    const res = await fetch(`${eng.url}/completion`, {
+      method: 'POST',
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    const events = (await res.text())
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: '))
+      .map((e) => JSON.parse(e.slice(6)));
+    const text = ['', ''];
+    for (const e of events) text[e.index] += e.content;
+    expect(text).toEqual([r.json[0].content, r.json[0].content]);
+    expect(events.filter((e) => e.stop).map((e) => e.index)).toEqual([0, 1]);
+  });
+
   it('choices wait for slots taken by another request', async () => {
     const long = post(eng.url, '/v1/completions', {
       prompt: 'Busy busy',

@@ -57,53 +57,8 @@ export function sendError(res: ServerResponse, err: unknown, headers: Record<str
   );
 }
 
-/** Reads a body with a size cap (413) and a deadline (408). */
-export function readBody(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > maxBytes) {
-      reject(
-        new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body is ${declared} bytes; the limit is ${maxBytes}`),
-      );
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let done = false;
-    const finish = (err: HydraError | undefined, value?: Buffer) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      if (err) {
-        req.removeAllListeners('data');
-        req.resume();
-        reject(err);
-      } else resolve(value as Buffer);
-    };
-    const timer = setTimeout(
-      () =>
-        finish(
-          new HydraError(
-            'HYDRA_ERR_REQUEST_TIMEOUT',
-            `the request body did not arrive within ${timeoutMs} ms`,
-          ),
-        ),
-      timeoutMs,
-    );
-    req.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > maxBytes) {
-        finish(new HydraError('HYDRA_ERR_BODY_TOO_LARGE', `the body exceeds the limit of ${maxBytes} bytes`));
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on('end', () => finish(undefined, Buffer.concat(chunks)));
-    req.on('error', (err) =>
-      finish(new HydraError('HYDRA_ERR_BAD_REQUEST', `reading the body failed: ${err.message}`)),
-    );
-  });
-}
+// The body reader is body.ts's (size cap, deadline, drain), shared with the control routes.
+export { readBody } from '../body.js';
 
 export function badRequest(message: string, key?: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_REQUEST', message, key ? { keys: [key] } : {});
