@@ -5,3 +5,4 @@ export * from './http.js';
 export * from './locate.js';
 export * from './parsers.js';
 export * from './processes.js';
+export * from './sinks.js';

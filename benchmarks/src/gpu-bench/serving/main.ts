@@ -3,8 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { HydraError } from '@hydra-engine/errors';
 import { repoRoot, resultsDir } from '../../results.js';
 import type { Figure } from '../../schema.js';
-import { Harness, locate, type Part, parseFlags } from '../harness/index.js';
-import { describeFigure, schemaSink } from '../system/main.js';
+import { Harness, locate, type Part, parseFlags, schemaSink } from '../harness/index.js';
 import { concurrency } from './concurrency.js';
 import {
   type ServingContext as Ctx,
@@ -16,6 +15,12 @@ import {
   USAGE,
 } from './context.js';
 import { stall } from './stall.js';
+
+/** A figure's progress line, its anchor by name (several anchors per figure family here). */
+function describeFigure(f: Figure): string {
+  const a = f.anchor ? ` | ${f.anchor.name} ${f.anchor.median.toPrecision(4)} (x${f.ratio?.toFixed(3)})` : '';
+  return `${f.name}: ${f.median.toPrecision(4)} ${f.unit}${a}`;
+}
 
 const PART_LIST: readonly Part<Ctx>[] = [stall, concurrency];
 

@@ -1,8 +1,7 @@
-import { join } from 'node:path';
 import { HydraError } from '@hydra-engine/errors';
-import { newResult, resultFileName, resultsDir, writeResult } from '../../results.js';
+import { resultsDir } from '../../results.js';
 import type { Figure } from '../../schema.js';
-import { Harness, locate, type Part, parseFlags, type ResultSink } from '../harness/index.js';
+import { describeFigure, Harness, locate, type Part, parseFlags, schemaSink } from '../harness/index.js';
 import { boot } from './boot.js';
 import { combine } from './combine.js';
 import { DEFAULTS, FLAGS, SystemContext, type SystemNotes, USAGE } from './context.js';
@@ -24,25 +23,6 @@ const PART_LIST: readonly Part<SystemContext>[] = [
   profileSwitch,
   load,
 ];
-
-/** A results file of the schema (suite `suite`) in `dir`, rewritten on every save. */
-export function schemaSink(suite: string, dir: string, started: Date): ResultSink<Figure> {
-  return {
-    write({ figures, skipped, notes }) {
-      const r = newResult(suite, [...figures], [...skipped], notes, started);
-      writeResult(r, dir);
-      return join(dir, resultFileName(r));
-    },
-  };
-}
-
-/** One schema figure's progress line. */
-export function describeFigure(f: Figure): string {
-  const a = f.anchor
-    ? ` | anchor ${f.anchor.median.toPrecision(4)} ${f.anchor.unit} (x${f.ratio?.toFixed(3)})`
-    : '';
-  return `${f.name}: ${f.median.toPrecision(4)} ${f.unit}${a}`;
-}
 
 function summary(h: Harness<Figure>): void {
   console.log('\n== summary');
