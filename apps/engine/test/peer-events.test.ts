@@ -1,7 +1,8 @@
 import { ConfigLayers } from '@hydra-engine/tiering';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Controller } from '../src/control/controller.js';
 import { Engine, type PeerEvents, type PeerLossEvent } from '../src/engine.js';
+import { engineWith as engineWith2, tinyModel } from './helpers.js';
 
 // Peer loss is an event the runtime emits and the controller answers (issue 20, "one owner, one
 // direction"): the runtime never writes the configuration layers itself, and the controller's
@@ -109,4 +110,69 @@ describe('the controller answers a peer loss', () => {
       controller.close();
     }
   });
+});
+
+describe('a peer loss while a change waits for the slots', () => {
+  let eng: Awaited<ReturnType<typeof engineWith2>>;
+  beforeAll(async () => {
+    eng = await engineWith2([
+      '-m',
+      await tinyModel(),
+      '-c',
+      '4096',
+      '--failover-policy',
+      'solo',
+      '--no-peer-rejoin',
+    ]);
+  }, 60_000);
+  afterAll(async () => {
+    await eng?.close();
+  });
+
+  it('drops the waiting change before the requests end (no second rebuild beside the failover load)', async () => {
+    const { engine, controller } = eng;
+    let first: () => void = () => undefined;
+    const started = new Promise<void>((r) => {
+      first = r;
+    });
+    const running = engine
+      .submit(
+        engine.tokenize('the long day'),
+        { maxTokens: 4000, stop: [], sampler: { temp: 0 }, ignoreEos: true },
+        {
+          onToken: () => {
+            first();
+            // Slow enough (at most 500 tokens/s) that the request still runs while the test acts.
+            const until = performance.now() + 2;
+            while (performance.now() < until);
+          },
+        },
+      )
+      .then(
+        () => 'finished',
+        (e: { code?: string }) => e.code,
+      );
+    await started;
+    const reply = await controller.configure({ n_ctx: 2048 });
+    expect(reply.deferred_keys).toEqual(['n_ctx']);
+    const epoch = controller.policyEpoch;
+    await engine.failOver('test loss', [PEER]);
+    expect(await running).toBe('HYDRA_ERR_PEER_LOST');
+    expect(controller.deferredKeys).toEqual([]);
+    expect(engine.layers.get('n_ctx')).toBe(4096);
+    expect(engine.layers.get('rpc_servers')).toEqual([]);
+    expect(controller.policyEpoch).toBe(epoch);
+    expect(controller.lastRebuildFailure).toBeUndefined();
+    expect(engine.state).toBe('ready');
+    expect(engine.degraded).toMatchObject({ peers: [PEER], failover: { policy: 'solo' } });
+    expect(engine.holders).toEqual([]);
+    const again = await engine.submit(engine.tokenize('the long day'), {
+      maxTokens: 4,
+      stop: [],
+      sampler: { temp: 0 },
+      ignoreEos: true,
+    });
+    expect(again.completionTokens).toBe(4);
+    expect(engine.slots.nCtxSeq).toBe(4096);
+  }, 60_000);
 });
