@@ -9,6 +9,7 @@ import {
   rpcAccounting,
 } from '@hydra-engine/native-ggml';
 import type { EngineCounters } from '../core/types.js';
+import { HydraError } from '../errors.js';
 
 /** One peer's figures as STATUS reports them (snake_case; times in ms, cumulative unless per_step). */
 export interface PeerAccountingStatus {
@@ -85,10 +86,13 @@ export class PeerAccounting {
   #current: Sample | undefined;
 
   constructor(options: AccountingOptions) {
-    if (typeof options.read !== 'function') throw new TypeError('options.read must be a function');
-    if (typeof options.progress !== 'function') throw new TypeError('options.progress must be a function');
+    if (typeof options.read !== 'function')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.read must be a function');
+    if (typeof options.progress !== 'function')
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.progress must be a function');
     const w = options.windowMs ?? 1000;
-    if (!Number.isFinite(w) || w < 0) throw new TypeError('options.windowMs must be a non-negative number');
+    if (!Number.isFinite(w) || w < 0)
+      throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', 'options.windowMs must be a non-negative number');
     this.#read = options.read;
     this.#progress = options.progress;
     this.#windowMs = w;
