@@ -2,8 +2,12 @@
 // logprobs through the official `openai` client, llama-server's n_probs / post_sampling_probs on
 // /completion, streamed and not, stop strings, CONFIGURE sampling.n_probs, bad values. Values are
 // checked against a softmax of the logits the same model gives in this process.
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { initBackend, Model } from '@hydra-engine/native-ggml';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './control-helpers.js';
@@ -52,7 +56,9 @@ async function events(path: string, body: Record<string, unknown>): Promise<any[
 const utf8 = (entries: { bytes: number[] }[]) =>
   Buffer.concat(entries.map((e) => Buffer.from(e.bytes))).toString('utf8');
 const messages = [{ role: 'user' as const, content: 'Tell me a story about a fox' }];
-const greedy = { temperature: 0, max_tokens: 8 };
+// Each request reads its prompt whole: a prompt read from a slot's cache gives logits that differ
+// in the last bits, and these tests compare streamed answers with whole ones exactly.
+const greedy = { temperature: 0, max_tokens: 8, cache_prompt: false };
 
 describe('chat logprobs through the openai client', () => {
   it('greedy: the sampled token is the most likely, the alternatives in order, probabilities sum <= 1', async () => {
@@ -202,7 +208,13 @@ describe('completions logprobs (OpenAI shape, with llama-server content)', () =>
   });
 
   it('a stop string: only the tokens whose text is in the reply are reported, streamed or not', async () => {
-    const base = { prompt: 'Once upon a time', temperature: 0, max_tokens: 10, logprobs: 1 };
+    const base = {
+      prompt: 'Once upon a time',
+      temperature: 0,
+      max_tokens: 10,
+      logprobs: 1,
+      cache_prompt: false,
+    };
     const free = (await post('/v1/completions', base)).json.choices[0];
     const pieces: string[] = free.logprobs.tokens;
     // A stop string that starts inside the fourth token's text.
@@ -274,7 +286,13 @@ describe("llama-server's n_probs and post_sampling_probs on /completion", () => 
   });
 
   it('streamed: each chunk carries its tokens; the final object none', async () => {
-    const body = { prompt: 'Once upon a time', n_predict: 4, temperature: 0, n_probs: 2 };
+    const body = {
+      prompt: 'Once upon a time',
+      n_predict: 4,
+      temperature: 0,
+      n_probs: 2,
+      cache_prompt: false,
+    };
     const whole = (await post('/completion', body)).json.completion_probabilities;
     const chunks = await events('/completion', body);
     const streamed = chunks.flatMap((c) => c.completion_probabilities ?? []);
@@ -338,5 +356,60 @@ describe('bad values and the configured default', () => {
     } finally {
       await hydra.configure({ 'sampling.n_probs': 0 });
     }
+  });
+});
+
+describe('streamed tool calls (the chat layer parses the text): no probabilities lost', () => {
+  let tools: Awaited<ReturnType<typeof engineWith>>;
+  beforeAll(async () => {
+    const path = join(mkdtempSync(join(tmpdir(), 'hydra-logprobs-')), 'tiny-tools.gguf');
+    await writeSyntheticModel({
+      arch: 'llama',
+      shape: 'tiny',
+      quant: 'f32',
+      seed: 5,
+      out: path,
+      chat: 'tools',
+    });
+    tools = await engineWith(['-m', path, '-np', '1', '-c', '2048']);
+  }, 60_000);
+  afterAll(async () => {
+    await tools?.close();
+  });
+
+  it('the chunks of a required tool call carry every token the whole answer reports', async () => {
+    const body = {
+      messages: [{ role: 'user', content: 'Pick a city' }],
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: 'pick_city',
+            parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] } } },
+          },
+        },
+      ],
+      tool_choice: 'required',
+      temperature: 0,
+      max_tokens: 40,
+      cache_prompt: false,
+      logprobs: true,
+      top_logprobs: 2,
+    };
+    const ask = (stream: boolean) =>
+      fetch(`${tools.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ ...body, stream }),
+      });
+    const whole = (await (await ask(false)).json()) as any;
+    const content = whole.choices[0].logprobs.content;
+    expect(content.length).toBe(whole.usage.completion_tokens);
+    const text = await (await ask(true)).text();
+    const streamed = text
+      .split('\n')
+      .filter((l) => l.startsWith('data: {'))
+      .flatMap((l) => JSON.parse(l.slice(6)).choices[0]?.logprobs?.content ?? []);
+    expect(streamed).toEqual(content);
   });
 });
