@@ -212,6 +212,27 @@ describe('/v1/responses', () => {
     expect(() => JSON.parse(args)).not.toThrow();
   });
 
+  it('input_tokens counts what the request would read (llama-server handle_count_tokens)', async () => {
+    const r = await client.responses.create({
+      model: 'x',
+      input: 'Hello there',
+      instructions: 'Be brief.',
+      ...greedy,
+    });
+    const count = await post('/v1/responses/input_tokens', {
+      input: 'Hello there',
+      instructions: 'Be brief.',
+    });
+    expect(JSON.parse(count.text)).toEqual({
+      input_tokens: r.usage!.input_tokens,
+      object: 'response.input_tokens',
+    });
+    const messages = [{ role: 'user', content: 'Hello there' }];
+    const chat = await post('/v1/chat/completions', { messages, max_tokens: 1 });
+    const chatCount = await post('/v1/chat/completions/input_tokens', { messages });
+    expect(JSON.parse(chatCount.text).input_tokens).toBe(JSON.parse(chat.text).usage.prompt_tokens);
+  });
+
   it('what it cannot honour is refused by name; bad input is a 400 naming it', async () => {
     for (const [body, code, key] of [
       [{ input: 'x', previous_response_id: 'resp_1' }, 'HYDRA_ERR_UNSUPPORTED_FIELD', 'previous_response_id'],

@@ -5,7 +5,14 @@ import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { type ChatCommonParams, jsonSchemaToGrammar, type Model } from '@hydra-engine/native-ggml';
 import type { PreparedBody } from '../body.js';
-import { ChatStreamDiff, chatReply, chatSampler, renderJinjaChat, withoutChatFields } from '../chat.js';
+import {
+  ChatStreamDiff,
+  chatReply,
+  chatSampler,
+  type JinjaChatOptions,
+  renderJinjaChat,
+  withoutChatFields,
+} from '../chat.js';
 import type { TokenProb } from '../core/output.js';
 import type { Engine, GenerationParams, GenerationResult } from '../engine.js';
 import { HydraError } from '../errors.js';
@@ -230,6 +237,42 @@ interface Choice {
   offsets: CodePointOffsets;
 }
 
+function jinjaOptions(ctx: RouteContext): JinjaChatOptions {
+  return {
+    ...(ctx.opts.chatTemplate !== undefined ? { template: ctx.opts.chatTemplate } : {}),
+    ...(ctx.opts.reasoningFormat !== undefined ? { reasoningFormat: ctx.opts.reasoningFormat } : {}),
+    ...(ctx.opts.chatTemplateKwargs !== undefined ? { chatTemplateKwargs: ctx.opts.chatTemplateKwargs } : {}),
+  };
+}
+
+/**
+ * llama-server's `.../input_tokens` answer for a chat body: the tokens its rendered prompt has
+ * (handle_count_tokens), rendered as a completion would be.
+ */
+export async function inputTokens(
+  ctx: RouteContext,
+  prepared: PreparedBody,
+): Promise<Record<string, unknown>> {
+  const { engine } = ctx;
+  const chat = prepared.chat!;
+  checkPromptBytes(ctx, chat.bytes, 'messages');
+  engine.assertReady();
+  let ids: Int32Array;
+  if (chat.messagesJson)
+    ids = (await renderJinjaChat(engine.model!, prepared.body, chat.messagesJson, jinjaOptions(ctx), true))
+      .tokens!;
+  else {
+    const { addAssistant } = chatTemplateOptions(prepared.body);
+    ids = await (ctx.opts.chatTemplate === undefined && addAssistant
+      ? engine.chatTokensAsync(chat.packed)
+      : engine.model!.tokenizeChatAsync(chat.packed, {
+          addAssistant,
+          ...(ctx.opts.chatTemplate !== undefined ? { template: ctx.opts.chatTemplate } : {}),
+        }));
+  }
+  return { input_tokens: ids.length, object: 'response.input_tokens' };
+}
+
 /**
  * The answer's shape: OpenAI chat or completions, llama-server's native one (`infill`: its
  * /infill, a FIM prompt in the native shape), OpenAI Responses.
@@ -319,13 +362,7 @@ export async function complete(
       engine.model!,
       body,
       prepared.chat.messagesJson,
-      {
-        ...(ctx.opts.chatTemplate !== undefined ? { template: ctx.opts.chatTemplate } : {}),
-        ...(ctx.opts.reasoningFormat !== undefined ? { reasoningFormat: ctx.opts.reasoningFormat } : {}),
-        ...(ctx.opts.chatTemplateKwargs !== undefined
-          ? { chatTemplateKwargs: ctx.opts.chatTemplateKwargs }
-          : {}),
-      },
+      jinjaOptions(ctx),
       true,
     );
   }
@@ -889,7 +926,8 @@ const PATHS = new Set([
 ]);
 
 export const completionRoutes: RouteModule = (ctx) => async (req, res, _url, path) => {
-  if (!PATHS.has(path)) return false;
+  const count = path === '/v1/chat/completions/input_tokens' || path === '/chat/completions/input_tokens';
+  if (!PATHS.has(path) && !count) return false;
   if (req.method !== 'POST') {
     ctx.methodNotAllowed(req, res);
     return true;
@@ -899,8 +937,12 @@ export const completionRoutes: RouteModule = (ctx) => async (req, res, _url, pat
     return undefined;
   });
   if (data === undefined) return true;
-  const chat = path.endsWith('/chat/completions');
+  const chat = path.endsWith('/chat/completions') || count;
   const prepared = await ctx.bodies.parse(data, chat, ctx.messageLimit(), chat && ctx.opts.jinja !== false);
+  if (count) {
+    ctx.send(res, 200, await inputTokens(ctx, prepared));
+    return true;
+  }
   // llama-server: /completion and /completions answer in its own shape, /v1/completions in OpenAI's.
   const kind =
     path === '/infill'

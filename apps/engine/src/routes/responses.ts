@@ -3,7 +3,7 @@
 // path, and answered as a `response` object or its streamed events (to_json_oaicompat_resp*).
 import { randomBytes } from 'node:crypto';
 import { HydraError } from '../errors.js';
-import { complete } from './completions.js';
+import { complete, inputTokens } from './completions.js';
 import { badRequest, type RouteModule, sendError } from './plumbing.js';
 
 type Json = Record<string, unknown>;
@@ -355,9 +355,11 @@ export class ResponsesStream {
 }
 
 const PATHS = new Set(['/v1/responses', '/responses']);
+const COUNT_PATHS = new Set(['/v1/responses/input_tokens', '/responses/input_tokens']);
 
 export const responsesRoutes: RouteModule = (ctx) => async (req, res, _url, path) => {
-  if (!PATHS.has(path)) return false;
+  const count = COUNT_PATHS.has(path);
+  if (!PATHS.has(path) && !count) return false;
   if (req.method !== 'POST') {
     ctx.methodNotAllowed(req, res);
     return true;
@@ -376,6 +378,7 @@ export const responsesRoutes: RouteModule = (ctx) => async (req, res, _url, path
   if (!isObject(body)) throw badRequest('the body must be a JSON object');
   const chat = Buffer.from(JSON.stringify(responsesToChat(body)));
   const prepared = await ctx.bodies.parse(chat, true, ctx.messageLimit(), ctx.opts.jinja !== false);
-  await complete(ctx, req, res, prepared, 'responses');
+  if (count) ctx.send(res, 200, await inputTokens(ctx, prepared));
+  else await complete(ctx, req, res, prepared, 'responses');
   return true;
 };
