@@ -6,25 +6,52 @@
 // Run after `pnpm run build:ts`:
 //   node bench/rpc-breakdown-bench.mjs [--model GGUF] [--moe-model GGUF] [--cases local,remote,split,moe]
 //     [--local-device CPU|CUDA0] [--split-ngl 2] [--tokens 128] [--runs 1] [--streams 7] [--threads N]
-//     [--head-env K=V ...] [--peer-env K=V ...] [--out FILE]
+//     [--head-env K=V ...] [--peer-env K=V ...] [--cli FILE] [--commit SHA] [--out FILE]
 // With no --model (--moe-model) the tiny synthetic llama (moe) q8_0 model is written and used.
 // Cases: local = the head alone, every layer on --local-device (the anchor); remote = every layer
 // on the peer (RPC0); split = --tensor-split 1,1 over RPC0 and --local-device (a CPU head: the
 // last --split-ngl layers on the peer); moe = the MoE model in COMBINED mode (experts on the peer,
 // the rest local).
 import { execSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
-import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { freePort, summary } from './figures.mjs';
+// Only node: builtins and native-ggml's addon-free ports module, so one esbuild bundle of this file
+// runs on a machine without node_modules (the GPU device: see --cli).
+import { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
 
-const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 const argv = process.argv.slice(2);
 const one = (name, dflt) => {
   const i = argv.indexOf(name);
   return i >= 0 ? argv[i + 1] : dflt;
 };
+// The engine CLI: --cli, else apps/engine/dist/cli.js beside this script, else the device bundle's
+// benchmarks/dist/gpu/cli.cjs under the working directory (benchmarks/gpu/bundle.mjs writes it).
+const CLI =
+  one('--cli') ??
+  [new URL('../dist/cli.js', import.meta.url).pathname, resolve('benchmarks/dist/gpu/cli.cjs')].find((p) =>
+    existsSync(p),
+  );
+if (!CLI)
+  throw new Error('no engine CLI: pass --cli (apps/engine/dist/cli.js or benchmarks/dist/gpu/cli.cjs)');
+
+/** Median, p99 and mean of `samples` (figures.mjs's summary; that module loads the whole engine). */
+function summary(name, unit, samples, anchor) {
+  const v = [...samples].sort((a, b) => a - b);
+  const q = (p) => v[Math.min(v.length - 1, Math.floor(p * v.length))];
+  const mean = v.reduce((x, y) => x + y, 0) / v.length;
+  const fig = { name, unit, samples: v.length, median: q(0.5), p99: q(0.99), mean, anchor: null };
+  if (anchor)
+    fig.anchor = {
+      name: anchor.name,
+      median: anchor.median,
+      p99: anchor.p99,
+      ratio: fig.median / anchor.median,
+    };
+  return fig;
+}
+const writeSyntheticModel = async (o) =>
+  (await import('@hydra-engine/native-ggml/synth')).writeSyntheticModel(o);
 const many = (name) => argv.flatMap((a, i) => (a === name ? [argv[i + 1]] : []));
 const envOf = (items) =>
   Object.fromEntries(items.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
@@ -399,9 +426,22 @@ for (const [name, samples] of sampleSets) {
     ),
   );
 }
+// The device machine's copy of the tree has no .git: --commit names it there.
+function commitOf() {
+  const given = one('--commit');
+  if (given) return given;
+  try {
+    return execSync('git rev-parse --short HEAD', {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    }).trim();
+  } catch {
+    return 'unknown';
+  }
+}
 const doc = {
   name: 'rpc-breakdown',
-  commit: execSync('git rev-parse --short HEAD', { encoding: 'utf8' }).trim(),
+  commit: commitOf(),
   machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, node: process.version },
   date: new Date().toISOString(),
   figures,
