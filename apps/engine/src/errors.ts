@@ -140,7 +140,7 @@ export const ERRORS = defineErrors({
   HYDRA_ERR_NOT_SUPPORTED: {
     status: 501,
     meaning:
-      'a llama-server feature this server was not started with (slot actions without --slot-save-path, GET /slots with --no-slots, POST /props) or the model lacks (/infill, suffix: no FIM tokens)',
+      'a llama-server feature this server was not started with (slot actions without --slot-save-path, GET /slots with --no-slots, POST /props without --props) or the model lacks (/infill, suffix: no FIM tokens)',
   },
   HYDRA_ERR_NO_SLOT: { status: 503, meaning: 'GET /slots?fail_on_no_slot=1 while every slot is busy' },
   HYDRA_ERR_SHUTTING_DOWN: {

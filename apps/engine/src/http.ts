@@ -54,6 +54,8 @@ export interface HttpOptions {
   slotSavePath?: string;
   /** `GET /slots` (llama-server's `--slots`, default on; `--no-slots` turns it off). */
   slotsEndpoint?: boolean;
+  /** `POST /props` (llama-server's `--props`, default off: 501). */
+  propsEndpoint?: boolean;
   /** CORS headers and preflight (default llama-server's: any origin, credentials allowed). */
   cors?: CorsOptions;
   /** `/props` `build_info`. */

@@ -196,7 +196,7 @@ export const LLAMA_FLAGS: FlagSpec[] = [
     key: 'pooling_type',
     kind: 'string',
     values: ['none', 'mean', 'cls', 'last', 'rank'],
-    help: 'pooling type for embeddings (default: the model\'s)',
+    help: "pooling type for embeddings (default: the model's)",
   },
   {
     names: ['--rerank', '--reranking'],
@@ -346,12 +346,6 @@ export const UNSUPPORTED_FLAGS: { names: string[]; env?: string; takesValue: boo
   { names: ['--lora'], takesValue: true, why: 'LoRA adapters are not implemented' },
   { names: ['--lora-scaled'], takesValue: true, why: 'LoRA adapters are not implemented' },
   { names: ['--control-vector'], takesValue: true, why: 'control vectors are not implemented' },
-  {
-    names: ['--props'],
-    env: 'LLAMA_ARG_ENDPOINT_PROPS',
-    takesValue: false,
-    why: 'POST /props is not implemented',
-  },
   { names: ['--tools'], env: 'LLAMA_ARG_TOOLS', takesValue: true, why: 'server tools are not implemented' },
   {
     names: ['-ag', '--agent'],
@@ -529,6 +523,7 @@ export const ENV_BY_KEY: Readonly<Record<string, string>> = {
   '@corsHeaders': 'LLAMA_ARG_CORS_HEADERS',
   '@corsCredentials': 'LLAMA_ARG_CORS_CREDENTIALS',
   '@slotsEndpoint': 'LLAMA_ARG_ENDPOINT_SLOTS',
+  '@propsEndpoint': 'LLAMA_ARG_ENDPOINT_PROPS',
   '@cachePrompt': 'LLAMA_ARG_CACHE_PROMPT',
   '@chatTemplate': 'LLAMA_ARG_CHAT_TEMPLATE',
   '@jinja': 'LLAMA_ARG_JINJA',

@@ -168,6 +168,7 @@ export async function startEngine(args: ServeArgs, options: StartOptions = {}): 
     aliases: args.settings.aliases,
     ...(args.settings.slotSavePath !== undefined ? { slotSavePath: args.settings.slotSavePath } : {}),
     slotsEndpoint: args.settings.slotsEndpoint,
+    propsEndpoint: args.settings.propsEndpoint,
     cors: {
       origins: args.settings.corsOrigins,
       methods: args.settings.corsMethods,

@@ -169,9 +169,36 @@ describe('llama-server routes in its shapes', () => {
     expect(d.params.temperature).toBeCloseTo(0.8);
     expect(d.params.top_k).toBe(40);
     expect(d.params.samplers).toContain('top_k');
+    expect([r.json.endpoint_slots, r.json.endpoint_props, r.json.endpoint_metrics]).toEqual([
+      true,
+      false,
+      true,
+    ]);
     const p = await post('/props', {});
     expect(p.status).toBe(501);
     expect(p.json.error).toMatchObject({ code: 'HYDRA_ERR_NOT_SUPPORTED', type: 'not_supported_error' });
+  });
+
+  it('--props: POST /props answers success to an empty body and refuses a property by name', async () => {
+    const withProps = await engineWith(['-m', modelPath, '-c', '512', '--props']);
+    try {
+      const at = (body: unknown) =>
+        fetch(`${withProps.url}/props`, { method: 'POST', body: JSON.stringify(body) }).then(async (r) => ({
+          status: r.status,
+          json: (await r.json()) as any,
+        }));
+      expect(await at({})).toEqual({ status: 200, json: { success: true } });
+      const named = await at({ n_ctx: 4096 });
+      expect([named.status, named.json.error.code, named.json.error.keys]).toEqual([
+        400,
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        ['n_ctx'],
+      ]);
+      const props = await (await fetch(`${withProps.url}/props`)).json();
+      expect((props as any).endpoint_props).toBe(true);
+    } finally {
+      await withProps.close();
+    }
   });
 
   it('GET /slots: one entry per slot with its state', async () => {

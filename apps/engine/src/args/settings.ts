@@ -79,6 +79,8 @@ export interface ServeSettings {
   slotSavePath: string | undefined;
   /** `--slots` / `--no-slots`: `GET /slots`. */
   slotsEndpoint: boolean;
+  /** `--props`: `POST /props` (llama-server's; no property is settable, see routes/llama.ts). */
+  propsEndpoint: boolean;
   /** `--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`. */
   corsOrigins: string;
   corsMethods: string;
@@ -135,6 +137,7 @@ export function defaultSettings(): ServeSettings {
     aliases: [],
     slotSavePath: undefined,
     slotsEndpoint: true,
+    propsEndpoint: false,
     corsOrigins: '*',
     corsMethods: 'GET, POST, DELETE, OPTIONS',
     corsHeaders: '*',
@@ -223,6 +226,7 @@ const SETTING_KEYS: Record<string, keyof ServeSettings> = {
   slot_save_path: 'slotSavePath',
   '@slotsEndpoint': 'slotsEndpoint',
   slots: 'slotsEndpoint',
+  '@propsEndpoint': 'propsEndpoint',
   '@corsOrigins': 'corsOrigins',
   cors_origins: 'corsOrigins',
   '@corsMethods': 'corsMethods',
@@ -309,6 +313,7 @@ const STRING_SETTINGS = new Set<keyof ServeSettings>([
 const BOOL_SETTINGS = new Set<keyof ServeSettings>([
   'configureRpcWeights',
   'slotsEndpoint',
+  'propsEndpoint',
   'corsCredentials',
   'cachePrompt',
   'jinja',

@@ -388,6 +388,13 @@ export const FLAGS: FlagSpec[] = [
     help: 'do not serve GET /slots',
   },
   {
+    names: ['--props'],
+    key: '@propsEndpoint',
+    kind: 'flag',
+    bare: true,
+    help: 'serve POST /props (llama-server changes no property through it; a body naming one is refused)',
+  },
+  {
     names: ['--cors-origins'],
     key: '@corsOrigins',
     kind: 'string',

@@ -21,6 +21,8 @@ export interface LlamaRouteOptions {
   slotSavePath?: string;
   /** `--no-slots` turns `GET /slots` off (501). */
   slotsEndpoint: boolean;
+  /** `--props` turns `POST /props` on (else 501, as llama-server). */
+  propsEndpoint?: boolean;
   readBody: (req: IncomingMessage) => Promise<Buffer>;
   promptByteLimit: () => number;
   messageLimit: () => number;
@@ -221,11 +223,14 @@ export class LlamaRoutes {
         return post(() => this.#applyTemplate(req));
       case '/props':
         if (req.method === 'POST') {
-          req.resume();
-          throw new HydraError(
-            'HYDRA_ERR_NOT_SUPPORTED',
-            'This server does not support changing global properties (llama-server: --props)',
-          );
+          if (!this.#o.propsEndpoint) {
+            req.resume();
+            throw new HydraError(
+              'HYDRA_ERR_NOT_SUPPORTED',
+              'This server does not support changing global properties. Start it with `--props`',
+            );
+          }
+          return post(() => this.#postProps(req));
         }
         return this.#only(req, 'GET', async () => this.props(), send, methodNotAllowed);
       case '/slots':
@@ -246,6 +251,20 @@ export class LlamaRoutes {
     if (req.method !== method) methodNotAllowed();
     else send(200, await answer());
     return true;
+  }
+
+  // llama-server's POST /props changes no property ("update any props here") and answers success
+  // to any body: here a body that names a property is refused by name rather than ignored.
+  async #postProps(req: IncomingMessage): Promise<unknown> {
+    const { body } = await this.#json(req);
+    const keys = Object.keys(body);
+    if (keys.length > 0)
+      throw new HydraError(
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        `no global property can be changed through POST /props: ${keys.join(', ')}`,
+        { keys },
+      );
+    return { success: true };
   }
 
   async #tokenize(req: IncomingMessage): Promise<unknown> {
@@ -348,6 +367,9 @@ export class LlamaRoutes {
       chat_template: model?.info.chatTemplate ?? '',
       chat_template_caps: {},
       modalities: { vision: false, audio: false },
+      endpoint_slots: this.#o.slotsEndpoint,
+      endpoint_props: this.#o.propsEndpoint ?? false,
+      endpoint_metrics: true,
       build_info: this.#o.build,
       is_sleeping: false,
     };
@@ -490,6 +512,7 @@ export const llamaRoutes: RouteModule = (ctx) => {
     modelId: () => ctx.modelName(),
     ...(o.slotSavePath !== undefined ? { slotSavePath: o.slotSavePath } : {}),
     slotsEndpoint: o.slotsEndpoint ?? true,
+    propsEndpoint: o.propsEndpoint ?? false,
     readBody: (req) => ctx.readBody(req),
     promptByteLimit: () => ctx.promptByteLimit(),
     messageLimit: () => ctx.messageLimit(),
