@@ -1569,17 +1569,6 @@ struct decode_entry {
     llama_token sampled = -1;
     std::vector<llama_token> run;  // n_draft > 0: every token sampled, in order
     std::vector<float> logits;
-};
-
-// One decode step, queued on the context's runner from the JS thread at call time (so steps run in
-// call order, back to back) and handed back to the JS thread through the context's `done` function.
-class decode_job {
-public:
-    decode_job(Napi::Env env, hydra_context * c, std::vector<decode_entry> entries, std::vector<Napi::Reference<Napi::Value>> refs)
-        : deferred(Napi::Promise::Deferred::New(env)), c(c), entries(std::move(entries)), refs(std::move(refs)) {}
-    Napi::Promise promise() { return deferred.Promise(); }
-
-    // Runner thread.
     // n_probs > 0: the sampled token's probability and the n_probs most likely candidates, as
     // llama-server's populate_token_probs computes them (softmax over the whole vocabulary, or the
     // chain's candidates after sampling when post_sampling).
@@ -1588,8 +1577,8 @@ public:
     float prob = 0.0f;
     std::vector<llama_token> top_ids;
     std::vector<float> top_probs;
-    void execute() {
-        step();
+};
+
 // get_token_probabilities (tools/server/server-common.cpp): every token's softmax probability,
 // the n_top most likely first.
 static std::vector<llama_token_data> hydra_token_probs(const float * logits, int32_t n_vocab, size_t n_top) {
@@ -1612,6 +1601,17 @@ static std::vector<llama_token_data> hydra_token_probs(const float * logits, int
     return cur;
 }
 
+// One decode step, queued on the context's runner from the JS thread at call time (so steps run in
+// call order, back to back) and handed back to the JS thread through the context's `done` function.
+class decode_job {
+public:
+    decode_job(Napi::Env env, hydra_context * c, std::vector<decode_entry> entries, std::vector<Napi::Reference<Napi::Value>> refs)
+        : deferred(Napi::Promise::Deferred::New(env)), c(c), entries(std::move(entries)), refs(std::move(refs)) {}
+    Napi::Promise promise() { return deferred.Promise(); }
+
+    // Runner thread.
+    void execute() {
+        step();
         // A sequence whose step failed has nothing to follow: a queued `follow` step fails clearly
         // instead of feeding a stale token.
         for (const decode_entry & e : entries) {
@@ -1763,6 +1763,10 @@ static std::vector<llama_token_data> hydra_token_probs(const float * logits, int
                         }
                     }
                     e.sampled = e.run.back();
+                } else if (e.sampler != nullptr && e.n_probs > 0) {
+                    if (!sample_with_probs(e, i, n_vocab)) {
+                        return;
+                    }
                 } else if (e.sampler != nullptr) {
                     llama_sampler * on_device = c->attached[e.seq].clone;
                     llama_token token = on_device ? llama_get_sampled_token_ith(c->ctx, i) : LLAMA_TOKEN_NULL;
@@ -1774,10 +1778,6 @@ static std::vector<llama_token_data> hydra_token_probs(const float * logits, int
                         // penalties, top-k, ...) on the device; the attached clone knows which
                         // stages ran, so it samples the rest. The original chain would apply that
                         // prefix a second time (a bias or a penalty counted twice).
-                } else if (e.sampler != nullptr && e.n_probs > 0) {
-                    if (!sample_with_probs(e, i, n_vocab)) {
-                        return;
-                    }
                         e.sampled = llama_sampler_sample(on_device ? on_device : e.sampler->chain, c->ctx, i);
                     }
                 }
@@ -1787,17 +1787,6 @@ static std::vector<llama_token_data> hydra_token_probs(const float * logits, int
         // only done when its work is.
         llama_synchronize(c->ctx);
     }
-private:
-    void OnOK(Napi::Env env) {
-        Napi::Int32Array tokens = Napi::Int32Array::New(env, entries.size());
-        Napi::Array logits = Napi::Array::New(env);
-        for (size_t i = 0; i < entries.size(); i++) {
-            tokens[i] = entries[i].sampled;
-            if (entries[i].want_logits) {
-                Napi::Float32Array row = Napi::Float32Array::New(env, entries[i].logits.size());
-                memcpy(row.Data(), entries[i].logits.data(), entries[i].logits.size() * sizeof(float));
-                logits.Set((uint32_t) i, row);
-            } else {
 
     // Samples entry `e` on the host (no chain is attached to its sequence) and fills its
     // probabilities as llama-server's populate_token_probs does.
@@ -1862,6 +1851,17 @@ private:
         }
         return true;
     }
+private:
+    void OnOK(Napi::Env env) {
+        Napi::Int32Array tokens = Napi::Int32Array::New(env, entries.size());
+        Napi::Array logits = Napi::Array::New(env);
+        for (size_t i = 0; i < entries.size(); i++) {
+            tokens[i] = entries[i].sampled;
+            if (entries[i].want_logits) {
+                Napi::Float32Array row = Napi::Float32Array::New(env, entries[i].logits.size());
+                memcpy(row.Data(), entries[i].logits.data(), entries[i].logits.size() * sizeof(float));
+                logits.Set((uint32_t) i, row);
+            } else {
                 logits.Set((uint32_t) i, env.Null());
             }
         }
@@ -1885,17 +1885,6 @@ private:
             }
             out.Set("runs", runs);
         }
-        deferred.Resolve(out);
-    }
-
-    Napi::Promise::Deferred deferred;
-    hydra_context * c;
-    std::vector<decode_entry> entries;
-    std::vector<Napi::Reference<Napi::Value>> refs;  // keep context and samplers alive
-    std::string failed;
-    int32_t status = 0;
-};
-
         bool probed = false;
         for (const decode_entry & e : entries) {
             probed = probed || e.n_probs > 0;
@@ -1920,6 +1909,17 @@ private:
             }
             out.Set("probs", probs);
         }
+        deferred.Resolve(out);
+    }
+
+    Napi::Promise::Deferred deferred;
+    hydra_context * c;
+    std::vector<decode_entry> entries;
+    std::vector<Napi::Reference<Napi::Value>> refs;  // keep context and samplers alive
+    std::string failed;
+    int32_t status = 0;
+};
+
 // An operation that needs the context alone: no other one running, no decode step queued.
 static void context_claim(Napi::Env env, hydra_context * c) {
     bool expected = false;
@@ -1964,7 +1964,16 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
         if (e.follow && e.sampler == nullptr) {
             hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with follow: true needs a sampler (it feeds the sampled token)");
         }
+        double n_probs = arg_number(o, "probs", 0);
+        if (!(n_probs >= 0 && n_probs <= (1 << 20) && n_probs == std::floor(n_probs)) || (n_probs > 0 && e.sampler == nullptr)) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry's probs must be an integer in 0..1048576, and above 0 it needs a sampler");
+        }
+        e.n_probs = (int32_t) n_probs;
+        e.post_sampling = arg_bool(o, "postSampling", false);
         e.n_draft = (int32_t) arg_number(o, "draft", 0);
+        if (e.n_draft != 0 && e.n_probs > 0) {
+            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N cannot ask for probs (llama-server reports none for drafted tokens)");
+        }
         if (e.n_draft != 0) {
             if (e.follow || e.sampler == nullptr || e.want_logits || e.n_draft < 0 || (size_t) e.n_draft >= e.tokens.size() || (int32_t) e.tokens.size() > c->n_batch) {
                 hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N needs a sampler, no follow or logits, more than N tokens and at most n_batch");
@@ -1975,16 +1984,7 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
     if (c->busy.load()) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "context is busy with another operation");
     }
-        double n_probs = arg_number(o, "probs", 0);
-        if (!(n_probs >= 0 && n_probs <= (1 << 20) && n_probs == std::floor(n_probs)) || (n_probs > 0 && e.sampler == nullptr)) {
-            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry's probs must be an integer in 0..1048576, and above 0 it needs a sampler");
-        }
-        e.n_probs = (int32_t) n_probs;
-        e.post_sampling = arg_bool(o, "postSampling", false);
     auto * job = new decode_job(env, c, std::move(entries), std::move(refs));
-        if (e.n_draft != 0 && e.n_probs > 0) {
-            hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N cannot ask for probs (llama-server reports none for drafted tokens)");
-        }
     Napi::Promise p = job->promise();
     if (c->pending++ == 0) {
         c->done.Ref(env);
