@@ -1,9 +1,10 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
+import { freeLoopbackPort } from '../src/ports.js';
 import { startEngine } from '../src/serve.js';
 import { engineWith } from './helpers.js';
 
@@ -84,6 +85,7 @@ describe('draft-model speculative decoding', () => {
   it('gives the greedy text of the plain engine and accepts draft guesses', async () => {
     const drafted0 = await metric(spec, 'hydra_spec_drafted_total');
     const accepted0 = await metric(spec, 'hydra_spec_accepted_total');
+    const typed0 = await metric(spec, 'hydra_spec_type_accepted_total{type="draft_simple"}');
     const steps0 = await metric(spec, 'hydra_decode_steps_total');
     let tokens = 0;
     for (const prompt of PROMPTS) {
@@ -103,10 +105,25 @@ describe('draft-model speculative decoding', () => {
     console.log(`draft: drafted ${drafted} accepted ${accepted} steps ${steps} for ${tokens} tokens`);
     const slots = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
     expect(slots.some((x) => (x.draft_n_accepted as number) > 0)).toBe(true);
+    // Per type: every guess of this engine came from the draft model.
+    expect((await metric(spec, 'hydra_spec_type_accepted_total{type="draft_simple"}')) - typed0).toBe(
+      accepted,
+    );
+    expect(await metric(spec, 'hydra_spec_type_drafted_total{type="ngram_simple"}')).toBe(0);
     const st = (await (await fetch(`${spec.url}/control/status`)).json()) as {
-      speculative: { drafted: number; accepted: number; acceptance: number };
+      speculative: {
+        drafted: number;
+        accepted: number;
+        acceptance: number;
+        types: Record<string, { drafted: number; accepted: number; acceptance: number }>;
+      };
     };
     expect(st.speculative.drafted).toBe(await metric(spec, 'hydra_spec_drafted_total'));
+    expect(st.speculative.types.draft_simple!.drafted).toBe(st.speculative.drafted);
+    expect(st.speculative.types.draft_simple!.acceptance).toBeCloseTo(
+      st.speculative.accepted / st.speculative.drafted,
+    );
+    expect(st.speculative.types.ngram_simple!.drafted).toBe(0);
   });
 
   it('stops where the plain engine does: max_tokens and stop strings inside accepted runs', async () => {
@@ -172,6 +189,8 @@ describe('draft-model speculative decoding', () => {
       if (done) break;
       seen += decoder.decode(value);
     }
+    const running = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
+    expect(running.find((x) => x.speculative === true)?.speculative_type).toBe('draft_simple');
     ctl.abort();
     await reader.read().catch(() => undefined);
     for (let i = 0; i < 500 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)
@@ -255,6 +274,49 @@ describe('draft-model speculative decoding', () => {
       expect(bad.loadError).toMatchObject({ code: 'HYDRA_ERR_NO_DEVICE', keys: ['speculative.devices'] });
     } finally {
       await bad.close();
+    }
+  });
+
+  it('the draft runs on a peer engine (-devd RPC0) while the target stays on this host', async () => {
+    const peer = await engineWith(['--rpc-port', String(await freeLoopbackPort())]);
+    try {
+      const head = await engineWith([
+        '-m',
+        target,
+        '-c',
+        '1024',
+        '--rpc',
+        `127.0.0.1:${peer.rpcPort}`,
+        '-dev',
+        'CPU',
+        '-md',
+        draft,
+        '-devd',
+        'RPC0',
+        '-ngld',
+        '99',
+      ]);
+      try {
+        const health = (await (await fetch(`${head.url}/health`)).json()) as {
+          state: string;
+          placement?: { device: string }[];
+        };
+        expect(health.state).toBe('ready');
+        // The target's layers are all local; the draft's went to the peer's device.
+        expect(health.placement?.every((r) => r.device !== 'RPC0')).toBe(true);
+        const body = { prompt: PROMPTS[2], max_tokens: 32, ignore_eos: true };
+        const d0 = await metric(head, 'hydra_spec_drafted_total');
+        expect(await complete(head, body)).toEqual(await complete(plain, body));
+        expect((await metric(head, 'hydra_spec_drafted_total')) - d0).toBeGreaterThan(0);
+        // The draft's weights crossed to the peer (the target's did not: every layer is local).
+        const text = await (await fetch(`${head.url}/metrics`)).text();
+        const sent = /^hydra_peer_rpc_sent_bytes_total\{[^}]*\} (\S+)$/m.exec(text);
+        expect(Number(sent?.[1])).toBeGreaterThan(0.9 * statSync(draft).size);
+      } finally {
+        await head.close();
+      }
+    } finally {
+      await peer.close();
     }
   });
 

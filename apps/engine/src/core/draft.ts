@@ -3,8 +3,9 @@
 // that has one sequence per target slot and as many tokens per sequence as the target's, as
 // llama-server builds it (common_speculative_init_result). The runtime owns it; the scheduler
 // drafts with the context (see Scheduler #draftStep).
-import { type Context, listDevices, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
+import { type Context, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
 import type { Params } from '@hydra-engine/tiering';
+import { safeDevices } from '../combine/devices.js';
 import { HydraError } from '../errors.js';
 import { contextParamsFrom } from './params.js';
 import { speculativeFrom } from './speculative.js';
@@ -48,7 +49,9 @@ export class DraftRuntime {
       return;
     }
     if (params.devices) {
-      const known = new Set(listDevices().map((d) => d.name));
+      // The names only, as the last registration read them: asking an RPC device for its memory
+      // here, on the JS thread, would wait on a peer that may be this very process.
+      const known = new Set(safeDevices().map((d) => d.name));
       const missing = params.devices.filter((d) => !known.has(d));
       if (missing.length > 0)
         throw new HydraError(
