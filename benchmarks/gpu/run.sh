@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU benchmark with the unpacked node (build.sh) and the bundle (bundle.mjs) when present,
-# else with `node` and the unbundled run.mjs. Arguments go to run.mjs (see --help); with `serving` as
-# the first argument, the rest go to serving.mjs instead (the serving benchmarks, see its --help).
+# else with `node` and the unbundled run.mjs (which needs the benchmarks package built). Arguments
+# go to run.mjs (see --help); with `serving` as the first argument, the rest go to serving.mjs
+# instead (the serving benchmarks, see its --help).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 node_bin="$here/.node/node"

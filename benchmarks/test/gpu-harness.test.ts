@@ -212,6 +212,22 @@ describe('harness', () => {
     expect(exit?.signal).toBe('SIGKILL');
   });
 
+  it('the watchdog saves, records the stop and exits 3 at the budget plus its grace', async () => {
+    const { h, writes } = harness(0);
+    const codes: number[] = [];
+    let fired = 0;
+    h.startWatchdog(
+      0.05,
+      () => void fired++,
+      (code) => void codes.push(code),
+    );
+    for (let i = 0; i < 400 && codes.length === 0; i++) await new Promise((r) => setTimeout(r, 25));
+    expect(codes).toEqual([3]);
+    expect(fired).toBe(1);
+    expect(h.skipped).toEqual([{ name: 'run', reason: 'stopped by the watchdog at --budget-s 0' }]);
+    expect(writes).toEqual([0]);
+  });
+
   it('refuses a negative budget', () => {
     expect(() => harness(-1)).toThrow(/options\.budgetS/);
   });

@@ -140,16 +140,22 @@ export class Harness<F> {
 
   /**
    * Ends the process at `budgetS` + `graceS` whatever runs: the results so far are saved,
-   * `onFire` prints what it wants, and the exit code is 3.
+   * `onFire` prints what it wants, and `exit(3)` ends it (native-port passes native-ggml's
+   * `exitNow`: process.exit() under a decode still on its worker thread can crash in static
+   * destructors).
    */
-  startWatchdog(graceS: number, onFire: () => void = () => {}): void {
+  startWatchdog(
+    graceS: number,
+    onFire: () => void = () => {},
+    exit: (code: number) => void = process.exit,
+  ): void {
     const timer = setTimeout(
       () => {
         this.skip('run', `stopped by the watchdog at --budget-s ${this.budgetS}`);
         this.processes.killAll();
         this.save();
         onFire();
-        process.exit(3);
+        exit(3);
       },
       (this.budgetS + graceS) * 1000,
     );

@@ -3,15 +3,13 @@ import { connect } from 'node:net';
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-/** A spawned process with the tail of its stderr (and stdout when kept). */
+/** A spawned process with the start and the tail of its stderr (stdout is discarded). */
 export interface Child {
   readonly process: ChildProcess;
   /** The last 4,000 characters of stderr. */
   tail(): string;
   /** The first 64,000 characters of stderr (a start-up line that the tail may have lost). */
   head(): string;
-  /** Everything it wrote to stdout so far (only with `keepStdout`). */
-  stdout(): string;
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   /** True once it has exited. */
   done(): boolean;
@@ -19,8 +17,6 @@ export interface Child {
 
 export interface StartOptions {
   env?: Record<string, string>;
-  /** Collect stdout (for a banner to parse); otherwise it is discarded. */
-  keepStdout?: boolean;
 }
 
 /**
@@ -43,17 +39,13 @@ export class ProcessGroup {
   start(cmd: string, args: readonly string[], options: StartOptions = {}): Child {
     const proc = spawn(cmd, args, {
       env: { ...process.env, ...options.env },
-      stdio: ['ignore', options.keepStdout ? 'pipe' : 'ignore', 'pipe'],
+      stdio: ['ignore', 'ignore', 'pipe'],
     });
     let tail = '';
     let head = '';
-    let out = '';
     proc.stderr?.on('data', (d: Buffer) => {
       tail = (tail + d.toString()).slice(-4000);
       if (head.length < 64_000) head = (head + d.toString()).slice(0, 64_000);
-    });
-    proc.stdout?.on('data', (d: Buffer) => {
-      out = (out + d.toString()).slice(-64_000);
     });
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((ok) =>
       proc.once('exit', (code, signal) => ok({ code, signal })),
@@ -62,7 +54,6 @@ export class ProcessGroup {
       process: proc,
       tail: () => tail,
       head: () => head,
-      stdout: () => out,
       exited,
       done: () => proc.exitCode !== null || proc.signalCode !== null,
     };

@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { HydraError } from '@hydra-engine/errors';
-import { initBackend, listDevices } from '@hydra-engine/native-ggml';
+import { exitNow, initBackend, listDevices } from '@hydra-engine/native-ggml';
 import { type SynthShape, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { summarize } from '../../schema.js';
 import {
@@ -345,7 +345,7 @@ export async function main(argv: readonly string[], entryUrl: string, planner: P
   const engineCli = opts.js ? join(opts.js, 'cli.cjs') : locate(entryUrl, opts.bin, 'llama-bench').engineCli;
   const c = new NativePortContext(h, opts, planner, engineCli);
   h.processes.installExitHandlers();
-  h.startWatchdog(20);
+  h.startWatchdog(20, () => {}, exitNow);
   for (const [i, shape] of opts.shapes.entries()) {
     const state: ShapeState = { shape, model: await ensureModel(c, 'llama', shape), firstShape: i === 0 };
     for (const { part } of stepsOf(c, state)) await h.runPart(part, c);
