@@ -1,4 +1,4 @@
-import type { Device, Model } from '@hydra-engine/native-ggml';
+import type { Device, EmbedInfo, Model } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { Runtime } from './core/runtime.js';
@@ -309,6 +309,21 @@ export class Engine {
   ): Promise<GenerationResult> {
     this.#runtime.requireModel();
     return this.#scheduler.submit(prompt, params, options);
+  }
+
+  /**
+   * Queues embeddings of tokenized inputs (llama-server's embedding and rerank tasks): each in a
+   * free slot, between decode steps, with the context's pooling (`pooling_type`); pooled rows are
+   * normalized by `normalize` (llama.cpp's embd_normalize). Admission errors throw synchronously.
+   */
+  embed(inputs: readonly Int32Array[], normalize: number, signal?: AbortSignal): Promise<Float32Array[]> {
+    this.#runtime.requireModel();
+    return this.#scheduler.embed(inputs, normalize, signal);
+  }
+
+  /** What the serving context pools and returns (undefined without one). */
+  get embedInfo(): EmbedInfo | undefined {
+    return this.#scheduler.ctx?.embedInfo;
   }
 
   /** Stops admitting, cancels queued and running requests, frees the model. */

@@ -148,6 +148,21 @@ const TABLE: Record<string, Check> = {
     file: './combine-loss.test.ts',
     test: 'offload (auto, a memory cap makes SOLO not fit)',
   },
+  embedding: {
+    kind: 'covered',
+    file: './embeddings.test.ts',
+    test: 'answers the embedding routes 501 until CONFIGURE embedding turns them on',
+  },
+  embd_normalize: {
+    kind: 'covered',
+    file: './embeddings.test.ts',
+    test: 'embd_normalize: CONFIGURE sets the normalization of requests that name none',
+  },
+  pooling_type: {
+    kind: 'covered',
+    file: './embeddings.test.ts',
+    test: 'pooling_type: CONFIGURE rebuilds the context with the new pooling',
+  },
   'speculative.types': {
     kind: 'covered',
     file: './speculative.test.ts',

@@ -109,10 +109,28 @@ describe("llama-server's flag names, values and defaults", () => {
     expect(badBool.keys).toEqual(['LLAMA_ARG_MLOCK']);
     const badInt = refusal(() => parseServeArgs([], { LLAMA_ARG_CTX_SIZE: 'big' }));
     expect(badInt.keys).toEqual(['LLAMA_ARG_CTX_SIZE']);
-    const refused = refusal(() => parseServeArgs([], { LLAMA_ARG_EMBEDDINGS: '1' }));
+    const refused = refusal(() => parseServeArgs([], { LLAMA_ARG_MMPROJ: 'p.gguf' }));
     expect(refused.code).toBe('HYDRA_ERR_BAD_ARGUMENT');
-    expect(refused.keys).toEqual(['LLAMA_ARG_EMBEDDINGS']);
+    expect(refused.keys).toEqual(['LLAMA_ARG_MMPROJ']);
     expect(refused.message).toMatch(/not supported yet/);
+  });
+
+  it('--embedding, --pooling, --reranking, --embd-normalize and their variables', () => {
+    const flags = parseServeArgs(
+      ['--embeddings', '--pooling', 'cls', '--embd-normalize', '-1'],
+      NO_ENV,
+    ).layers;
+    expect([flags.get('embedding'), flags.get('pooling_type'), flags.get('embd_normalize')]).toEqual([
+      true,
+      'cls',
+      -1,
+    ]);
+    const env = parseServeArgs([], { LLAMA_ARG_EMBEDDINGS: '1', LLAMA_ARG_POOLING: 'last' }).layers;
+    expect([env.get('embedding'), env.get('pooling_type')]).toEqual([true, 'last']);
+    for (const a of [parseServeArgs(['--rerank'], NO_ENV), parseServeArgs([], { LLAMA_ARG_RERANKING: 'on' })])
+      expect([a.layers.get('embedding'), a.layers.get('pooling_type')]).toEqual([true, 'rank']);
+    expect(parseServeArgs([], { LLAMA_ARG_RERANKING: '0' }).layers.get('embedding')).toBe(false);
+    expect(refusal(() => parseServeArgs(['--pooling', 'max'], NO_ENV)).keys).toEqual(['--pooling']);
   });
 
   it('refuses every flag of a feature that does not exist yet, by name', () => {
@@ -150,9 +168,9 @@ describe("llama-server's flag names, values and defaults", () => {
     const r = await runCli(['--reasoning-budget', '0']);
     expect(r.code).toBe(2);
     expect(r.out).toContain('--reasoning-budget is not supported yet');
-    const e = await runCli(['--embedding', '-m', 'x.gguf']);
+    const e = await runCli(['--mmproj', 'p.gguf', '-m', 'x.gguf']);
     expect(e.code).toBe(2);
-    expect(e.out).toContain('--embedding is not supported yet');
+    expect(e.out).toContain('--mmproj is not supported yet');
   });
 });
 

@@ -3,6 +3,7 @@
 // nothing of how they were made; the runtime holds it (hold/whenIdle) around every rebuild.
 import type { Context, DecodeEntry, Model, Sampler, TokenProbs } from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
+import { EmbedQueue } from './embed-queue.js';
 import { TextOutput, type TokenProb } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
 import { mayGuessAfter, ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
@@ -150,6 +151,7 @@ export class Scheduler {
   #lastStepEnd = 0;
   readonly #slotListeners: ((busy: number) => void)[] = [];
   readonly #rate: { at: number; tokens: number }[] = [];
+  readonly #embeds = new EmbedQueue();
   /** The job that prefills for each prompt group (SubmitOptions.promptGroup). */
   readonly #leaders = new WeakMap<object, Job>();
 
@@ -301,11 +303,13 @@ export class Scheduler {
   /** Rejects every queued request with `err`. */
   rejectQueued(err: Error): void {
     for (const job of this.#queue.splice(0)) job.reject(err);
+    this.#embeds.rejectAll(err);
   }
 
   /** Ends queued requests as cancelled and asks running ones to stop at the next step. */
   cancelAll(): void {
     for (const job of this.#queue.splice(0)) this.#finish(job, 'cancelled');
+    this.#embeds.rejectAll(new HydraError('HYDRA_ERR_CANCELLED', 'the engine cancelled every request'));
     for (const job of this.#slots) if (job) job.signal = AbortSignal.abort();
   }
 
@@ -462,6 +466,56 @@ export class Scheduler {
     return leader.promptFed ? leader.slot : undefined;
   }
 
+  /**
+   * Queues embeddings (llama-server's embedding and rerank tasks): each input runs in a free slot's
+   * sequence, between decode steps, in native calls of at most one ubatch (see core/embed-queue.ts).
+   * With the context's pooling, a row per input normalized by `normalize` (common_embd_normalize);
+   * rank pooling, the scores; none, every token's row.
+   */
+  embed(inputs: readonly Int32Array[], normalize: number, signal?: AbortSignal): Promise<Float32Array[]> {
+    const ctx = this.#ctx;
+    if (!ctx) throw new HydraError('HYDRA_ERR_NO_MODEL', 'no model is loaded');
+    const { nBatch, nUbatch } = ctx.info;
+    const limit = Math.min(nBatch, nUbatch);
+    for (let i = 0; i < inputs.length; i++) {
+      const n = inputs[i]!.length;
+      if (n === 0)
+        throw new HydraError('HYDRA_ERR_BAD_REQUEST', 'Input content cannot be empty', { keys: ['input'] });
+      // A pooled input split across ubatches would pool its last piece only (llama-server's check).
+      if (n > limit)
+        throw new HydraError(
+          'HYDRA_ERR_PROMPT_TOO_LONG',
+          `input ${i} (${n} tokens) is too large to process. increase the physical batch size (current batch size: ${limit})`,
+          { keys: ['input'] },
+        );
+    }
+    if (this.#embeds.requests >= this.#maxQueue) {
+      this.#counters.rejectedQueueFull += 1;
+      throw new HydraError('HYDRA_ERR_QUEUE_FULL', `${this.#embeds.requests} embedding requests queued`);
+    }
+    const rows = this.#embeds.add(inputs, normalize, signal);
+    this.kick();
+    return rows;
+  }
+
+  /** One batch of queued embeddings over the free slots (their cached KV is given up). */
+  async #embedStep(): Promise<void> {
+    const free: number[] = [];
+    for (let i = 0; i < this.#slots.length; i++) if (!this.#slots[i]) free.push(i);
+    // Slots that keep no prompt cache first.
+    free.sort((a, b) => (this.#cache[a]?.length ?? 0) - (this.#cache[b]?.length ?? 0));
+    const used = await this.#embeds.runOne(
+      this.#ctx!,
+      free,
+      Math.min(this.#ctx!.info.nBatch, this.#ctx!.info.nUbatch),
+    );
+    for (const i of used) this.#cache[i] = new Int32Array(0);
+  }
+
+  #embedsRunnable(): boolean {
+    return this.#embeds.length > 0 && this.#holders.size === 0 && this.#slots.some((s) => !s);
+  }
+
   /** A free slot for `job`: its own when pinned, else an empty one first, else any. */
   #slotFor(job: Job): number {
     if (job.slotId !== undefined) return this.#slots[job.slotId] ? -1 : job.slotId;
@@ -529,7 +583,8 @@ export class Scheduler {
         job.sampler.accept(job.prompt);
       }
       // Probabilities are computed one token a step (llama-server reports none for drafted tokens).
-      const unspeculable = model.info.recurrent || !speculable(job.params.sampler) || job.params.probs !== undefined;
+      const unspeculable =
+        model.info.recurrent || !speculable(job.params.sampler) || job.params.probs !== undefined;
       const spec = unspeculable ? undefined : this.#speculative();
       if (spec && (spec.type !== 'draft_simple' || this.#draft !== undefined))
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
@@ -558,13 +613,23 @@ export class Scheduler {
           }
           if (!this.#ctx) break;
           this.#admit();
+          if (this.#embedsRunnable()) {
+            await this.#embedStep();
+            if (gen !== this.#gen) return;
+            if (!this.#ctx) break;
+          }
           if (this.#draft) {
             await this.#draftStep(gen);
             if (gen !== this.#gen) return;
           }
           const next = this.#assemble();
           if (!next) {
-            if (this.#tasks.length === 0 && (this.#queue.length === 0 || this.#holders.size > 0)) break;
+            if (
+              this.#tasks.length === 0 &&
+              (this.#queue.length === 0 || this.#holders.size > 0) &&
+              !this.#embedsRunnable()
+            )
+              break;
             continue;
           }
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
@@ -727,7 +792,7 @@ export class Scheduler {
    * Not while a prompt is still being fed: its next chunk must go in the next step.
    */
   #chain(step: Step): Step | undefined {
-    if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0) return undefined;
+    if (!this.#pipeline || !this.#ctx || this.#tasks.length > 0 || this.#embedsRunnable()) return undefined;
     if (this.#queue.length > 0 && this.#holders.size === 0 && this.#slots.some((s) => !s)) return undefined;
     let active = 0;
     for (const s of this.#slots) if (s) active += 1;
@@ -784,7 +849,10 @@ export class Scheduler {
     job.last = token;
     job.onToken?.(token);
     this.#counters.generatedTokens += 1;
-    this.#send(job, job.output.push(this.#piece(token), probs ? this.#tokenProb(job, token, probs) : undefined));
+    this.#send(
+      job,
+      job.output.push(this.#piece(token), probs ? this.#tokenProb(job, token, probs) : undefined),
+    );
     if (job.output.stopped) {
       this.#release(job, 'stop');
       return;

@@ -3,6 +3,7 @@
 // Adding a module is one line here.
 import { completionRoutes } from './completions.js';
 import { controlRoutes } from './control.js';
+import { embeddingRoutes } from './embeddings.js';
 import { healthRoutes } from './health.js';
 import { llamaRoutes } from './llama.js';
 import { modelRoutes } from './models.js';
@@ -16,4 +17,5 @@ export const ROUTE_MODULES: readonly RouteModule[] = [
   modelRoutes,
   completionRoutes,
   responsesRoutes,
+  embeddingRoutes,
 ];
