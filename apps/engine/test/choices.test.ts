@@ -223,6 +223,25 @@ describe('prompt arrays and echo', () => {
     for await (const chunk of stream) pieces.push(chunk.choices[0]?.text ?? '');
     expect(pieces[0]).toBe(prompt);
     expect(pieces.join('')).toBe(prompt + plain);
+    // Two choices streamed: each starts with the prompt, and each adds up to the whole answer.
+    const two = await client.completions.create({
+      model: 'x',
+      prompt,
+      echo: true,
+      n: 2,
+      ...greedy,
+      stream: true,
+    });
+    const byIndex: string[][] = [[], []];
+    const finish: (string | null)[] = [null, null];
+    for await (const chunk of two)
+      for (const c of chunk.choices) {
+        byIndex[c.index]!.push(c.text);
+        if (c.finish_reason) finish[c.index] = c.finish_reason;
+      }
+    expect(byIndex.map((p) => p[0])).toEqual([prompt, prompt]);
+    expect(byIndex.map((p) => p.join(''))).toEqual([prompt + plain, prompt + plain]);
+    expect(finish).toEqual(['length', 'length']);
     for (const path of ['/v1/chat/completions', '/completion']) {
       const body = path.includes('chat')
         ? { messages: [{ role: 'user', content: 'x' }], echo: true }
