@@ -7,7 +7,7 @@ import { addonCandidates } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { complete, freePort } from './control-helpers.js';
+import { complete, freePort, stream } from './control-helpers.js';
 import { engineWith, runCli } from './helpers.js';
 
 // Issue 21: /v1/embeddings, /embedding(s) and /v1/rerank as llama-server serves them, checked
@@ -224,6 +224,31 @@ describe.skipIf(!existsSync(tool))('embeddings on --embedding --pooling mean', (
     expect(emb.json.data).toHaveLength(12);
     const solo = await post(eng.url, '/v1/embeddings', { input: inputs[5] });
     expect(maxDiff(emb.json.data[5].embedding, solo.json.data[0].embedding)).toBeLessThan(1e-6);
+  });
+
+  it('a running request waits at most one embedding batch between two of its steps', async () => {
+    // 80 inputs through the one free slot take 80 batches, each followed by a decode step of the
+    // running completion; embeddings that ran all before its next step would leave it ~0 steps.
+    const ids = (await post(eng.url, '/tokenize', { content: TEXTS[0], add_special: true })).json.tokens;
+    const engine = (eng as unknown as { engine: { counters: { decodeSteps: number } } }).engine;
+    let during = -1;
+    let emb: Promise<{ status: number; json: any }> | undefined;
+    const gen = stream(
+      eng.url,
+      { prompt: 'Once upon a time', max_tokens: 400, temperature: 0, ignore_eos: true },
+      () => {
+        const before = engine.counters.decodeSteps;
+        emb = post(eng.url, '/v1/embeddings', { input: Array.from({ length: 80 }, () => ids) });
+        emb.then(() => {
+          during = engine.counters.decodeSteps - before;
+        });
+      },
+    );
+    const done = await gen;
+    expect(done.finish).toBe('length');
+    const r = await emb!;
+    expect(r.json.data).toHaveLength(80);
+    expect(during).toBeGreaterThanOrEqual(40);
   });
 
   it('pooling_type: CONFIGURE rebuilds the context with the new pooling (cls, last, none)', async () => {
