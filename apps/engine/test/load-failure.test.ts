@@ -1,15 +1,12 @@
-import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { engineGroup } from '@hydra-engine/test-kit';
 import { afterAll, describe, expect, it } from 'vitest';
-import { freeLoopbackPort } from '../src/ports.js';
-import { CLI, runCli, waitFor } from './helpers.js';
+import { runCli } from './helpers.js';
 
-const children: ReturnType<typeof spawn>[] = [];
-afterAll(() => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-});
+const engines = engineGroup();
+afterAll(() => engines.stopAll());
 
 describe('a failed start-up load', () => {
   const missing = join(tmpdir(), `hydra-missing-${process.pid}.gguf`);
@@ -33,25 +30,11 @@ describe('a failed start-up load', () => {
   });
 
   it('with --keep-up-on-load-failure stays up; /health is 503 and every refused request carries the cause', async () => {
-    const port = await freeLoopbackPort();
-    const child = spawn(
-      process.execPath,
-      [CLI, '--port', String(port), '--progress', 'off', '--keep-up-on-load-failure', '-m', missing],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    children.push(child);
-    let log = '';
-    child.stderr!.on('data', (d) => {
-      log += d;
+    const e = await engines.start(['--keep-up-on-load-failure', '-m', missing], {
+      untilError: true,
+      timeoutMs: 30_000,
     });
-    const url = `http://127.0.0.1:${port}`;
-    await waitFor(async () => {
-      const h = await fetch(`${url}/health`).then(
-        (r) => r.json() as Promise<{ state: string }>,
-        () => undefined,
-      );
-      return h?.state === 'error';
-    }, 30_000);
+    const url = e.url;
     expect((await fetch(`${url}/health`)).status).toBe(503);
     const r = await fetch(`${url}/v1/completions`, {
       method: 'POST',
@@ -63,7 +46,7 @@ describe('a failed start-up load', () => {
     expect(body.error.code).toBe('HYDRA_ERR_NO_MODEL');
     expect(body.error.message).toContain('the last load failed');
     expect(body.error.message).toContain(missing);
-    expect(child.exitCode, log).toBeNull();
-    child.kill('SIGTERM');
+    expect(e.exited(), e.log()).toBeUndefined();
+    await e.stop();
   });
 });

@@ -1,7 +1,6 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type EngineProcess, freePort, spawnEngine } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freeLoopbackPort } from '../src/ports.js';
-import { CLI, engineWith, tinyModel, waitFor } from './helpers.js';
+import { engineWith, tinyModel } from './helpers.js';
 
 // tensor_split "auto" over two CPU-backed ggml-RPC devices (two peer engines on loopback), the
 // head's share (RPC1, the last device: llama.cpp lists devices in --rpc order) capped with
@@ -10,7 +9,7 @@ import { CLI, engineWith, tinyModel, waitFor } from './helpers.js';
 const MIB = 1024 * 1024;
 type Peer = Awaited<ReturnType<typeof engineWith>>;
 const peers: Peer[] = [];
-let head: ChildProcess | undefined;
+let head: EngineProcess | undefined;
 let url = '';
 
 async function post(path: string, body: object): Promise<any> {
@@ -28,49 +27,19 @@ beforeAll(async () => {
   const model = await tinyModel();
   const ports: number[] = [];
   for (let i = 0; i < 2; i++) {
-    const p = await freeLoopbackPort();
+    const p = await freePort();
     peers.push(await engineWith(['--rpc-port', String(p)]));
     ports.push(p);
   }
-  const port = await freeLoopbackPort();
-  url = `http://127.0.0.1:${port}`;
-  head = spawn(
-    process.execPath,
-    [
-      CLI,
-      '--port',
-      String(port),
-      '--progress',
-      'off',
-      '-t',
-      '1',
-      '-m',
-      model,
-      '-c',
-      '8192',
-      '-np',
-      '1',
-      '--rpc',
-      ports.map((p) => `127.0.0.1:${p}`).join(','),
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
+  head = await spawnEngine(
+    ['-t', '1', '-m', model, '-c', '8192', '-np', '1', '--rpc', ports.map((p) => `127.0.0.1:${p}`).join(',')],
+    { timeoutMs: 90_000 },
   );
-  let log = '';
-  head.stderr!.on('data', (d) => {
-    log += d;
-  });
-  await waitFor(async () => {
-    if (head!.exitCode !== null) throw new Error(`head exited ${head!.exitCode}: ${log}`);
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state?: string }>,
-      () => undefined,
-    );
-    return h?.state === 'ready' || (h as any)?.status === 'ok';
-  }, 90_000);
+  url = head.url;
 }, 120_000);
 
 afterAll(async () => {
-  head?.kill('SIGKILL');
+  await head?.stop(0);
   for (const p of peers) await p.close();
 });
 

@@ -1,57 +1,22 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { type EngineProcess, engineGroup, rssBytes } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort } from './control-helpers.js';
-import { CLI, tinyModel, waitFor } from './helpers.js';
+import { tinyModel, waitFor } from './helpers.js';
 
-// Issue 18, "bounds before allocation" and "atomic rebuilds": hostile GGUF metadata aborted the
-// process (-m, CONFIGURE and /control/load_model alike), CONFIGURE {"n_ctx": 2e9} grew RSS to
-// 8.8 GiB, a failed context rebuild left no context, and a deferred load that failed was never
-// reported. The engines here are processes of their own: an abort must fail a test, not the runner.
+// Hostile GGUF metadata must be refused by code, not abort the process (-m, CONFIGURE and
+// /control/load_model alike); CONFIGURE {"n_ctx": 2e9} must not grow RSS (it once reached
+// 8.8 GiB); a failed context rebuild must leave the previous context; a deferred load that fails
+// must be reported. The engines here are processes of their own: an abort must fail a test, not
+// the runner.
 
-interface Proc {
-  url: string;
-  child: ChildProcess;
-  log(): string;
-}
+const engines = engineGroup();
 
-async function spawnEngine(flags: string[], procs: ChildProcess[], wantReady = true): Promise<Proc> {
-  const port = await freePort();
-  const child = spawn(
-    process.execPath,
-    // A failed start-up load exits unless asked to stay up (the cases that expect 'error' do).
-    [
-      CLI,
-      '--port',
-      String(port),
-      '--progress',
-      'off',
-      '-t',
-      '1',
-      ...(wantReady ? [] : ['--keep-up-on-load-failure']),
-      ...flags,
-    ],
-    {
-      stdio: ['ignore', 'ignore', 'pipe'],
-    },
-  );
-  procs.push(child);
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
+function spawnEngine(flags: string[], wantReady = true): Promise<EngineProcess> {
+  // A failed start-up load exits unless asked to stay up (the cases that expect 'error' do).
+  return engines.start(['-t', '1', ...(wantReady ? [] : ['--keep-up-on-load-failure']), ...flags], {
+    untilError: !wantReady,
   });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(async () => {
-    if (child.exitCode !== null || child.signalCode !== null)
-      throw new Error(`engine exited ${child.exitCode ?? child.signalCode}: ${log}`);
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state: string }>,
-      () => undefined,
-    );
-    return h !== undefined && (wantReady ? h.state === 'ready' : h.state === 'error');
-  }, 60_000);
-  return { url, child, log: () => log };
 }
 
 /** Writes `name` beside `tiny`: its bytes with `patch` applied. */
@@ -109,16 +74,10 @@ async function status(url: string): Promise<Record<string, any>> {
   return (await fetch(`${url}/control/status`).then((r) => r.json())) as Record<string, any>;
 }
 
-function rssBytes(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return Number(m![1]) * 1024;
-}
-
 describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
   let tiny: string;
   const bad: Record<string, { path: string; code: string }> = {};
   let badNrot: string;
-  const procs: ChildProcess[] = [];
   beforeAll(async () => {
     tiny = await tinyModel();
     bad.blocks0 = {
@@ -147,23 +106,21 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
       b.writeUInt32LE(1 << 20, kvU32At(b, 'llama.embedding_length')),
     );
   }, 60_000);
-  afterAll(() => {
-    for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-  });
+  afterAll(() => engines.stopAll());
 
   it('-m with a hostile GGUF is refused with a code; the engine stays up with no model', async () => {
     for (const [name, b] of Object.entries(bad)) {
-      const e = await spawnEngine(['-m', b.path], procs, false);
+      const e = await spawnEngine(['-m', b.path], false);
       expect(e.log(), name).toContain(b.code);
       const h = await fetch(`${e.url}/health`);
       expect(h.status, name).toBe(503);
       expect(e.child.exitCode, name).toBeNull();
-      e.child.kill('SIGTERM');
+      await e.stop();
     }
   }, 120_000);
 
   it('CONFIGURE and /control/load_model refuse hostile GGUFs with codes; the old model keeps serving', async () => {
-    const e = await spawnEngine(['-m', tiny, '-c', '512'], procs);
+    const e = await spawnEngine(['-m', tiny, '-c', '512']);
     const before = await greedy(e.url);
     expect(before.status).toBe(200);
     for (const [name, b] of Object.entries(bad)) {
@@ -191,7 +148,7 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
   }, 120_000);
 
   it('CONFIGURE n_ctx 2e9 is refused before any allocation: RSS stays, the configuration is untouched', async () => {
-    const e = await spawnEngine(['-m', tiny, '-c', '512'], procs);
+    const e = await spawnEngine(['-m', tiny, '-c', '512']);
     const before = await greedy(e.url);
     const epoch = (await status(e.url)).epoch;
     const rss0 = rssBytes(e.child.pid!);
@@ -223,13 +180,13 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
     expect(await greedy(e.url)).toEqual(before);
     expect(rssBytes(e.child.pid!) - rss0).toBeLessThan(64 * 2 ** 20);
     // And at startup: -c 2e9 never reaches llama.cpp.
-    const s = await spawnEngine(['-m', tiny, '-c', '2000000000'], procs, false);
+    const s = await spawnEngine(['-m', tiny, '-c', '2000000000'], false);
     expect(s.log()).toContain('HYDRA_ERR_INSUFFICIENT_MEMORY');
     expect(rssBytes(s.child.pid!)).toBeLessThan(512 * 2 ** 20);
   }, 120_000);
 
   it('a context rebuild llama.cpp refuses restores the previous context: completions, /health and STATUS stay true', async () => {
-    const e = await spawnEngine(['-m', tiny, '-c', '512'], procs);
+    const e = await spawnEngine(['-m', tiny, '-c', '512']);
     const before = await greedy(e.url);
     const epoch = (await status(e.url)).epoch;
     // The planner accepts it; llama.cpp refuses a quantized V cache without flash attention.
@@ -265,7 +222,7 @@ describe('GGUF checks, bounds before allocation and atomic rebuilds', () => {
   }, 120_000);
 
   it('a deferred model load that fails is reported in STATUS, the log and a metric; the old model serves', async () => {
-    const e = await spawnEngine(['-m', tiny, '-c', '512'], procs);
+    const e = await spawnEngine(['-m', tiny, '-c', '512']);
     const before = await greedy(e.url);
     // A long stream holds the slot until the CONFIGURE reply says the load was deferred.
     const ctrl = new AbortController();

@@ -1,12 +1,9 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import { engineGroup, sleep } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freeLoopbackPort } from '../src/ports.js';
-import { CLI, tinyModel, waitFor } from './helpers.js';
+import { tinyModel } from './helpers.js';
 
-const procs: ChildProcess[] = [];
-afterAll(() => {
-  for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-});
+const engines = engineGroup();
+afterAll(() => engines.stopAll());
 
 let model: string;
 beforeAll(async () => {
@@ -14,44 +11,7 @@ beforeAll(async () => {
 });
 
 async function start(extra: string[]) {
-  const port = await freeLoopbackPort();
-  const child = spawn(
-    process.execPath,
-    [
-      CLI,
-      '--port',
-      String(port),
-      '--progress',
-      'off',
-      '-t',
-      '1',
-      '-m',
-      model,
-      '-np',
-      '2',
-      '-c',
-      '65536',
-      ...extra,
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  procs.push(child);
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
-  });
-  const exited = new Promise<{ code: number | null; signal: string | null; at: number }>((resolve) =>
-    child.on('exit', (code, signal) => resolve({ code, signal, at: performance.now() })),
-  );
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(async () => {
-    const h = await fetch(`${url}/health`).then(
-      (r) => r.json() as Promise<{ state: string }>,
-      () => undefined,
-    );
-    return h?.state === 'ready';
-  }, 60_000);
-  return { url, child, exited, log: () => log };
+  return engines.start(['-t', '1', '-m', model, '-np', '2', '-c', '65536', ...extra]);
 }
 
 /** A streamed completion: resolves with the whole SSE text once the server ends it. */
@@ -87,7 +47,7 @@ describe('SIGTERM', () => {
     await short.firstChunk;
     const t0 = performance.now();
     e.child.kill('SIGTERM');
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
     const refused = await fetch(`${e.url}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
@@ -109,7 +69,7 @@ describe('SIGTERM', () => {
     // Ended at the timeout, not before it and not much after.
     expect(endedAt).toBeGreaterThan(1800);
     expect(endedAt).toBeLessThan(6000);
-    const exit = await e.exited;
+    const exit = await e.exit;
     expect(exit.code, e.log()).toBe(0);
     expect(e.log()).toMatch(/SIGTERM, shutting down \(running requests get up to 2 s\)/);
     expect(e.log()).toMatch(/shutdown timeout: ended 1 running request/);
@@ -122,10 +82,10 @@ describe('SIGTERM', () => {
     const cut = long.text.catch(() => '');
     await long.firstChunk;
     e.child.kill('SIGTERM');
-    await new Promise((r) => setTimeout(r, 300));
+    await sleep(300);
     const t0 = performance.now();
     e.child.kill('SIGTERM');
-    const exit = await e.exited;
+    const exit = await e.exit;
     expect(exit.code, `signal ${exit.signal}\n${e.log()}`).toBe(1);
     expect(exit.at - t0).toBeLessThan(2000);
     expect(e.log()).toMatch(/second SIGTERM, exiting now/);

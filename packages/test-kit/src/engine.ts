@@ -38,6 +38,20 @@ export interface SpawnEngineOptions {
   env?: Record<string, string>;
   /** How long the start (and, with `-m`, the load) may take; default 60 s. */
   timeoutMs?: number;
+  /**
+   * Resolve once `/health` reports `error` (a failed load kept up by `--keep-up-on-load-failure`)
+   * instead of throwing on it; default false.
+   */
+  untilError?: boolean;
+  /** The `--progress` mode (the engine refuses the flag twice); default `off`. */
+  progress?: string;
+}
+
+/** How the process ended; `at` is `performance.now()` when its exit was seen. */
+export interface EngineExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  at: number;
 }
 
 /** A `hydra-engine` process started by {@link spawnEngine}. */
@@ -51,8 +65,12 @@ export interface EngineProcess {
   rpc: string | undefined;
   /** Everything the engine wrote to stdout and stderr so far. */
   log(): string;
+  /** What the engine wrote to stderr alone (its log lines, unmixed with stdout). */
+  stderr(): string;
   /** Exit code and signal once the process is gone, undefined while it runs. */
   exited(): { code: number | null; signal: NodeJS.Signals | null } | undefined;
+  /** Resolves when the process is gone. */
+  exit: Promise<EngineExit>;
   /** SIGTERM, then SIGKILL after `graceMs`; resolves once the process is gone. */
   stop(graceMs?: number): Promise<void>;
 }
@@ -60,8 +78,9 @@ export interface EngineProcess {
 /**
  * Spawns the real `hydra-engine` CLI on loopback (`--port 0`, the bound port read from its log)
  * and resolves once HTTP answers, the merged port (if asked for) listens, and, with `-m`,
- * `/health` says ready. It reads the engine's start lines, so the log level must be info or lower. Throws, with the log, when
- * the engine exits or its state is `error` during the start, or at the time-out.
+ * `/health` says ready (with `untilError`: says error). It reads the engine's start lines, so the
+ * log level must be info or lower. Throws, with the log, when the engine exits or (without
+ * `untilError`) its state is `error` during the start, or at the time-out.
  */
 export async function spawnEngine(
   flags: readonly string[],
@@ -73,25 +92,34 @@ export async function spawnEngine(
       ? (options.rpcPort ?? (await freeLoopbackPort()))
       : undefined;
   const rpcFlags = rpcPort !== undefined ? ['--rpc-port', String(rpcPort)] : [];
-  const child = spawn(process.execPath, [CLI, '--port', '0', '--progress', 'off', ...rpcFlags, ...flags], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ...options.env },
-  });
+  const child = spawn(
+    process.execPath,
+    [CLI, '--port', '0', '--progress', options.progress ?? 'off', ...rpcFlags, ...flags],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, ...options.env },
+    },
+  );
   let out = '';
+  let err = '';
   let exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
-  const gone = new Promise<void>((resolve) => {
+  const gone = new Promise<EngineExit>((resolve) => {
     child.on('exit', (code, signal) => {
       exit = { code, signal };
-      resolve();
+      resolve({ code, signal, at: performance.now() });
     });
   });
-  const append = (d: Buffer) => {
-    out += d.toString();
-    // A long soak must not grow this without bound; the start lines and the latest lines matter.
-    if (out.length > 4_000_000) out = out.slice(0, 200_000) + out.slice(-1_000_000);
-  };
-  child.stdout!.on('data', append);
-  child.stderr!.on('data', append);
+  // A long soak must not grow these without bound; the start lines and the latest lines matter.
+  const bounded = (text: string) =>
+    text.length > 4_000_000 ? text.slice(0, 200_000) + text.slice(-1_000_000) : text;
+  child.stdout!.on('data', (d: Buffer) => {
+    out = bounded(out + d.toString());
+  });
+  child.stderr!.on('data', (d: Buffer) => {
+    const text = d.toString();
+    out = bounded(out + text);
+    err = bounded(err + text);
+  });
   const stop = async (graceMs = 5_000) => {
     if (exit) return;
     child.kill('SIGTERM');
@@ -103,6 +131,7 @@ export async function spawnEngine(
   const wantModel = flags.includes('-m') || flags.includes('--model');
   let httpPort: number | undefined;
   let ready = false;
+  let failed = false;
   while (!ready && Date.now() < deadline) {
     if (exit) throw new Error(`engine exited during start (${JSON.stringify(exit)}):\n${out}`);
     httpPort ??= Number(/HTTP on http:\/\/[^\s]+:(\d+)/.exec(out)?.[1]) || undefined;
@@ -113,6 +142,8 @@ export async function spawnEngine(
         (r) => r.json() as Promise<{ state?: string }>,
         () => undefined,
       );
+      failed = h?.state === 'error' && options.untilError === true;
+      if (failed) break;
       if (h?.state === 'error') {
         child.kill('SIGKILL');
         throw new Error(`engine failed to load:\n${out}`);
@@ -121,7 +152,7 @@ export async function spawnEngine(
     }
     if (!ready) await sleep(20);
   }
-  if (!ready || httpPort === undefined) {
+  if ((!ready && !failed) || httpPort === undefined) {
     child.kill('SIGKILL');
     throw new Error(`engine did not start in time:\n${out}`);
   }
@@ -133,7 +164,31 @@ export async function spawnEngine(
     rpcPort,
     rpc: rpcPort !== undefined ? `127.0.0.1:${rpcPort}` : undefined,
     log: () => out,
+    stderr: () => err,
     exited: () => exit,
+    exit: gone,
     stop,
+  };
+}
+
+/** Engines started together and stopped together (a suite's `afterAll(() => group.stopAll())`). */
+export interface EngineGroup {
+  start(flags: readonly string[], options?: SpawnEngineOptions): Promise<EngineProcess>;
+  /** Stops every engine of the group that still runs, at once (SIGTERM then SIGKILL). */
+  stopAll(graceMs?: number): Promise<void>;
+}
+
+/** A group of {@link spawnEngine} processes, so that a failing test leaves none behind. */
+export function engineGroup(): EngineGroup {
+  const all: EngineProcess[] = [];
+  return {
+    async start(flags, options) {
+      const e = await spawnEngine(flags, options);
+      all.push(e);
+      return e;
+    },
+    async stopAll(graceMs = 0) {
+      await Promise.all(all.splice(0).map((e) => e.stop(graceMs)));
+    },
   };
 }

@@ -3,7 +3,17 @@
  * a process, SSE and Prometheus parsing, the tiny synthetic model.
  */
 export { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
-export { CLI, type EngineProcess, REPO, runCli, type SpawnEngineOptions, spawnEngine } from './engine.js';
+export {
+  CLI,
+  type EngineExit,
+  type EngineGroup,
+  type EngineProcess,
+  engineGroup,
+  REPO,
+  runCli,
+  type SpawnEngineOptions,
+  spawnEngine,
+} from './engine.js';
 export { type Health, health, metrics, openFds, parseMetrics, rssBytes } from './metrics.js';
 export { tinyModel } from './model.js';
 export { SseCompletion } from './sse.js';
