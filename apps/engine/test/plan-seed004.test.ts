@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from './helpers.js';
 
-// Seed 004 through `hydra-engine plan` (the resolver's planFit and the fit object PLAN replies):
+// A two-machine 27B hybrid split through `hydra-engine plan` (the resolver's planFit and the fit object PLAN replies):
 // Qwen3.8-27B hybrid, 66 layers (65 blocks + MTP), q8_0/f16 KV at 262144, the RTX 3090 worker
 // (RPC0, 24576 MiB) first and the Strix head (ROCm0) second, KV by round(f x 66) as measured on
 // b10433. The GGUF is its header over a sparse file of the real size.
@@ -43,7 +43,7 @@ beforeAll(async () => {
   closeSync(fd);
 });
 
-describe('seed 004 split limits by hydra-engine plan', () => {
+describe('27B hybrid split limits (3090 worker, Strix head) by hydra-engine plan', () => {
   it('0.7196 and 0.7197 hold the same 48 blocks; round(f x 66) gives the second the 12th FA layer (+784 MiB)', async () => {
     const at = async (f: number) => {
       const r = await runCli([...common(), '-ts', `${f},${1 - f}`, '--json']);

@@ -494,7 +494,7 @@ describe.each(HYBRID_VARIANTS)('tiny $arch $quant', ({ arch, quant }) => {
 });
 
 describe('hybrid shapes', () => {
-  it('plans the GPU shapes with the seed geometry without writing them', () => {
+  it('plans the Qwen3.5 27B and 35B-A3B shapes without writing them', () => {
     const dense = planSyntheticModel({ arch: 'qwen35', shape: '27b', quant: 'q4_0' });
     expect(dense.hparams).toMatchObject({ nEmbd: 5120, nLayer: 64, nHead: 24, nHeadKv: 4 });
     expect(dense.hparams.hybrid).toMatchObject({ headDim: 256, fullAttentionInterval: 4 });

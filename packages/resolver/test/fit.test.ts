@@ -20,8 +20,8 @@ beforeAll(async () => {
   );
 });
 
-// Seed 004: Qwen3.8-27B hybrid, q8_0/f16 KV at 262144, worker RPC0 (24 GiB) first, head ROCm0.
-describe('seed 004 split limits through planFit', () => {
+// Qwen3.8-27B hybrid, q8_0/f16 KV at 262144, worker RPC0 (24 GiB) first, head ROCm0.
+describe('27B hybrid split limits through planFit', () => {
   const common = {
     nCtx: 262144,
     cacheTypeK: 'q8_0',

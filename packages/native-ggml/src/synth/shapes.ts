@@ -143,7 +143,7 @@ interface HybridShape extends DenseShape {
 }
 
 // tiny: 8 blocks = 2 full-attention (3, 7) + 6 gated delta-net; head sizes of 64 (CUDA flash
-// attention and the CUDA delta-net kernel both have 64). 27b is Qwen3.5-27B (seed 004: H=5120,
+// attention and the CUDA delta-net kernel both have 64). 27b is Qwen3.5-27B (H=5120,
 // 64 blocks, FA at 3,7,...,63, 4 KV heads of 256 = 2048 B/token of f16 K per FA block);
 // 35b-a3b is Qwen3.5-35B-A3B (256 experts of 512, 8 used, one shared expert of 512).
 const TINY_HYBRID: SynthHybridHparams = {
