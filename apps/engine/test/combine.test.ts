@@ -1,12 +1,11 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, realpathSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { rpcWeightsIndexInfo } from '@hydra-engine/native-ggml';
 import { synthHparams, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { type EngineProcess, freePort as freeLoopbackPort, spawnEngine } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freeLoopbackPort } from '../src/ports.js';
-import { CLI, engineWith, tinyModel, waitFor } from './helpers.js';
+import { engineWith, tinyModel, waitFor } from './helpers.js';
 
 async function freePort(): Promise<string> {
   return String(await freeLoopbackPort());
@@ -27,42 +26,9 @@ async function complete(url: string, prompt: string): Promise<{ text: string; to
  * The head as its own process (as deployed): llama.cpp's RPC devices live for the whole process,
  * and an in-process head would share the peer's addon state.
  */
-async function startHead(
-  flags: string[],
-): Promise<{ url: string; child: ChildProcess; close(): Promise<void> }> {
-  const port = await freePort();
-  const child = spawn(process.execPath, [CLI, '--port', port, '--progress', 'off', '-t', '1', ...flags], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
-  let log = '';
-  child.stderr!.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  try {
-    await waitFor(async () => {
-      if (child.exitCode !== null) throw new Error(`head exited ${child.exitCode}: ${log}`);
-      const health = await fetch(`${url}/health`).then(
-        (r) => r.json() as Promise<{ state: string }>,
-        () => undefined,
-      );
-      if (health?.state === 'error') throw new Error(`head failed to load: ${log}`);
-      return health?.state === 'ready';
-    }, 90_000);
-  } catch (err) {
-    child.kill('SIGKILL');
-    throw err;
-  }
-  return {
-    url,
-    child,
-    close: () =>
-      new Promise<void>((resolve) => {
-        if (child.exitCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-      }),
-  };
+async function startHead(flags: string[]): Promise<EngineProcess & { close(): Promise<void> }> {
+  const head = await spawnEngine(['-t', '1', ...flags], { timeoutMs: 90_000 });
+  return Object.assign(head, { close: () => head.stop() });
 }
 
 /** Bytes on the peer when every layer and the output are remote: all but the token embeddings. */
