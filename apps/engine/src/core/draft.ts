@@ -5,7 +5,7 @@
 // drafts with the context (see Scheduler #draftStep).
 import { type Context, Model, type ModelLoadParams } from '@hydra-engine/native-ggml';
 import type { Params } from '@hydra-engine/tiering';
-import { safeDevices } from '../combine/devices.js';
+import { loadDevices, safeDevices } from '../combine/devices.js';
 import { HydraError } from '../errors.js';
 import { contextParamsFrom } from './params.js';
 import { speculativeFrom } from './speculative.js';
@@ -59,6 +59,11 @@ export class DraftRuntime {
           `speculative.devices names no device of this host or its registered peers: ${missing.join(', ')} (have ${[...known].join(', ')})`,
           { keys: ['speculative.devices'] },
         );
+    } else {
+      // Once a peer was registered in this process llama.cpp's default placement would include
+      // its devices (a peer that may be gone: the load would wait on it): local devices only.
+      const local = loadDevices([], {});
+      if (local) params.devices = local.devices;
     }
     const key = loadKey(params);
     if (this.#model && this.#key === key && !this.#model.disposed) {
