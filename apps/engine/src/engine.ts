@@ -81,6 +81,11 @@ export class Engine {
       pipeline: process.env.HYDRA_PIPELINE !== '0',
       // The speculative.* keys are T2: the context in force was built with the ones that apply.
       speculative: () => speculativeFrom(this.#runtime.builtConfig),
+      // T1: read at each admission, no rebuild (llama-server's --ctx-checkpoints, --checkpoint-min-step).
+      checkpoints: () => ({
+        max: options.layers.get('n_ctx_checkpoints') as number,
+        minStep: options.layers.get('checkpoint_min_step') as number,
+      }),
     });
     this.#runtime = new Runtime({
       layers: options.layers,

@@ -84,6 +84,16 @@ export class EngineMetrics {
     );
     this.#counter('hydra_decode_seconds_total', 'time spent in native decode', () => c.decodeSeconds);
     this.#counter(
+      'hydra_prompt_checkpoints_total',
+      'prompt checkpoints taken (recurrent or hybrid memory: n_ctx_checkpoints)',
+      () => c.checkpointsCreated,
+    );
+    this.#counter(
+      'hydra_prompt_checkpoint_restores_total',
+      'prompt checkpoints restored to reuse a cached prefix (recurrent or hybrid memory)',
+      () => c.checkpointRestores,
+    );
+    this.#counter(
       'hydra_spec_drafted_total',
       'tokens guessed by speculative decoding (every speculative.types)',
       () => c.specDrafted,

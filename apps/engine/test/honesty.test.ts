@@ -163,6 +163,16 @@ const TABLE: Record<string, Check> = {
     file: './embeddings.test.ts',
     test: 'pooling_type: CONFIGURE rebuilds the context with the new pooling',
   },
+  n_ctx_checkpoints: {
+    kind: 'covered',
+    file: './checkpoints.test.ts',
+    test: 'makes none with n_ctx_checkpoints 0',
+  },
+  checkpoint_min_step: {
+    kind: 'covered',
+    file: './checkpoints.test.ts',
+    test: 'takes one every checkpoint_min_step tokens of a chunked prompt',
+  },
   'speculative.types': {
     kind: 'covered',
     file: './speculative.test.ts',

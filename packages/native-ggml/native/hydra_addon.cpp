@@ -1577,6 +1577,10 @@ struct decode_entry {
     float prob = 0.0f;
     std::vector<llama_token> top_ids;
     std::vector<float> top_probs;
+    // The sequence's partial state (recurrent part only) read right after this step, for a prompt
+    // checkpoint: no other call can touch the context between the decode and the read.
+    bool checkpoint = false;
+    std::vector<uint8_t> state;
 };
 
 // get_token_probabilities (tools/server/server-common.cpp): every token's softmax probability,
@@ -1786,6 +1790,14 @@ public:
         // llama_decode returns before the device finishes when nothing is read back; a step is
         // only done when its work is.
         llama_synchronize(c->ctx);
+        for (decode_entry & e : entries) {
+            if (!e.checkpoint) {
+                continue;
+            }
+            e.state.resize(llama_state_seq_get_size_ext(c->ctx, e.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+            size_t n = llama_state_seq_get_data_ext(c->ctx, e.state.data(), e.state.size(), e.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            e.state.resize(n);  // 0: no checkpoint (reported as null)
+        }
     }
 
     // Samples entry `e` on the host (no chain is attached to its sequence) and fills its
@@ -1909,6 +1921,18 @@ private:
             }
             out.Set("probs", probs);
         }
+        bool checkpointed = false;
+        for (const decode_entry & e : entries) {
+            checkpointed = checkpointed || e.checkpoint;
+        }
+        if (checkpointed) {
+            Napi::Array states = Napi::Array::New(env, entries.size());
+            for (size_t i = 0; i < entries.size(); i++) {
+                const decode_entry & e = entries[i];
+                states.Set((uint32_t) i, e.checkpoint && !e.state.empty() ? Napi::Buffer<uint8_t>::Copy(env, e.state.data(), e.state.size()).As<Napi::Value>() : env.Null());
+            }
+            out.Set("checkpoints", states);
+        }
         deferred.Resolve(out);
     }
 
@@ -1979,6 +2003,7 @@ static Napi::Value decode_step(const Napi::CallbackInfo & info) {
                 hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "an entry with draft: N needs a sampler, no follow or logits, more than N tokens and at most n_batch");
             }
         }
+        e.checkpoint = arg_bool(o, "checkpoint", false);
         entries.push_back(std::move(e));
     }
     if (c->busy.load()) {
@@ -2028,8 +2053,8 @@ static Napi::Value memory_clear(const Napi::CallbackInfo & info) {
 
 class state_worker : public Napi::AsyncWorker {
 public:
-    state_worker(Napi::Env env, hydra_context * c, Napi::Value ctx_handle, llama_seq_id seq, std::vector<uint8_t> in, bool set)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), c(c), seq(seq), data(std::move(in)), set(set) {
+    state_worker(Napi::Env env, hydra_context * c, Napi::Value ctx_handle, llama_seq_id seq, std::vector<uint8_t> in, bool set, llama_state_seq_flags flags = 0)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), c(c), seq(seq), data(std::move(in)), set(set), flags(flags) {
         ref = Napi::Persistent(ctx_handle);
     }
     Napi::Promise promise() { return deferred.Promise(); }
@@ -2039,11 +2064,11 @@ public:
 
     void transfer() {
         if (set) {
-            n = llama_state_seq_set_data(c->ctx, data.data(), data.size(), seq);
+            n = llama_state_seq_set_data_ext(c->ctx, data.data(), data.size(), seq, flags);
             if (n == 0) SetError("the state does not fit this context or is corrupt");
         } else {
-            data.resize(llama_state_seq_get_size(c->ctx, seq));
-            n = llama_state_seq_get_data(c->ctx, data.data(), data.size(), seq);
+            data.resize(llama_state_seq_get_size_ext(c->ctx, seq, flags));
+            n = llama_state_seq_get_data_ext(c->ctx, data.data(), data.size(), seq, flags);
             if (n == 0) SetError("could not read the sequence state");
             data.resize(n);
         }
@@ -2065,13 +2090,27 @@ private:
     llama_seq_id seq;
     std::vector<uint8_t> data;
     bool set;
+    llama_state_seq_flags flags;
     size_t n = 0;
 };
 
+// Optional last argument of stateSeqGet/Set: {partial: true} moves only the part of the memory that
+// cannot be rolled back (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent state, not its KV).
+static llama_state_seq_flags state_flags_arg(const Napi::Value & v) {
+    if (v.IsUndefined() || v.IsNull()) {
+        return 0;
+    }
+    if (!v.IsObject()) {
+        hydra_error_throw(v.Env(), HYDRA_ERR_BAD_ARGUMENT, "state options must be an object ({partial?: boolean})");
+    }
+    return arg_bool(v.As<Napi::Object>(), "partial", false) ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0;
+}
+
 static Napi::Value state_seq_get(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    llama_state_seq_flags flags = state_flags_arg(info[2]);
     context_claim(info.Env(), c);
-    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), {}, false);
+    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), {}, false, flags);
     Napi::Promise p = w->promise();
     w->Queue();
     return p;
@@ -2081,8 +2120,9 @@ static Napi::Value state_seq_set(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
     Napi::Uint8Array buf = info[2].As<Napi::Uint8Array>();
     std::vector<uint8_t> copy(buf.Data(), buf.Data() + buf.ByteLength());
+    llama_state_seq_flags flags = state_flags_arg(info[3]);
     context_claim(info.Env(), c);
-    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), std::move(copy), true);
+    auto * w = new state_worker(info.Env(), c, info[0], info[1].ToNumber().Int32Value(), std::move(copy), true, flags);
     Napi::Promise p = w->promise();
     w->Queue();
     return p;

@@ -196,6 +196,8 @@ export interface NativeDecodeEntry {
   /** Report this many most likely tokens (see DecodeCommon.probs). */
   probs?: number;
   postSampling?: boolean;
+  /** Read the sequence's partial state right after the step (see DecodeCommon.checkpoint). */
+  checkpoint?: boolean;
 }
 
 /** One sampled token's probabilities (see DecodeResult.probs). */
@@ -364,6 +366,7 @@ export interface NativeBinding {
     logits: (Float32Array | null)[];
     runs?: (Int32Array | null)[];
     probs?: (NativeTokenProbs | null)[];
+    checkpoints?: (Buffer | null)[];
   }>;
   memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
@@ -376,8 +379,13 @@ export interface NativeBinding {
     normalize: number,
   ): Promise<Float32Array[]>;
   embedInfo(ctx: ContextHandle): NativeEmbedInfo;
-  stateSeqGet(ctx: ContextHandle, seq: number): Promise<Buffer>;
-  stateSeqSet(ctx: ContextHandle, seq: number, data: Uint8Array): Promise<number>;
+  stateSeqGet(ctx: ContextHandle, seq: number, options?: { partial?: boolean }): Promise<Buffer>;
+  stateSeqSet(
+    ctx: ContextHandle,
+    seq: number,
+    data: Uint8Array,
+    options?: { partial?: boolean },
+  ): Promise<number>;
   peekFirstByte(fd: number, timeoutMs: number): Promise<number>;
   detachFd(fd: number): number;
   fdClose(fd: number): void;

@@ -701,6 +701,13 @@ interface DecodeCommon {
    */
   probs?: number;
   postSampling?: boolean;
+  /**
+   * Read this sequence's partial state (the part of the memory that cannot be rolled back: a
+   * recurrent or hybrid model's recurrent state, not the attention KV) right after the step, before
+   * any other call can touch the context: the step's `checkpoints` entry. For prompt checkpoints,
+   * restored with {@link Context.setSequenceState} and `{ partial: true }`.
+   */
+  checkpoint?: boolean;
 }
 
 /** Feeds the given tokens. */
@@ -728,6 +735,8 @@ export interface DecodeResult {
    * token's probability and the most likely tokens, most likely first.
    */
   probs?: (TokenProbs | null)[];
+  /** Present when an entry asked for `checkpoint`: per entry, its partial state (null for entries without). */
+  checkpoints?: (Buffer | null)[];
 }
 
 /** One sampled token's probabilities ({@link DecodeCommon.probs}). */
@@ -816,6 +825,7 @@ export class Context {
       logits: e.logits ?? false,
       ...(e.follow !== true && e.draft ? { draft: e.draft } : {}),
       ...(e.probs ? { probs: e.probs, postSampling: e.postSampling === true } : {}),
+      ...(e.checkpoint ? { checkpoint: true } : {}),
     }));
     const step = () => this.#binding.decodeStep(this.#h(), native);
     // Behind an exclusive operation (state get/set) queued or running: wait in line. Otherwise
@@ -890,14 +900,22 @@ export class Context {
     return this.#enqueue(() => this.#binding.embedBatch(this.#h(), entries, normalize));
   }
 
-  /** Serialised KV state of one sequence. */
-  getSequenceState(seq: number): Promise<Buffer> {
-    return this.#enqueue(() => this.#binding.stateSeqGet(this.#h(), seq));
+  /**
+   * Serialised KV state of one sequence; `partial`: only the part that cannot be rolled back
+   * (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent state without its attention KV).
+   */
+  getSequenceState(seq: number, options?: { partial?: boolean }): Promise<Buffer> {
+    const o = options?.partial ? { partial: true } : undefined;
+    return this.#enqueue(() => this.#binding.stateSeqGet(this.#h(), seq, o));
   }
 
-  /** Restores a sequence from {@link getSequenceState} output (copied before the work is queued). */
-  setSequenceState(seq: number, data: Uint8Array): Promise<number> {
-    return this.#enqueue(() => this.#binding.stateSeqSet(this.#h(), seq, data));
+  /**
+   * Restores a sequence from {@link getSequenceState} output (copied before the work is queued),
+   * with the same `partial` it was read with: a partial restore leaves the attention KV as it is.
+   */
+  setSequenceState(seq: number, data: Uint8Array, options?: { partial?: boolean }): Promise<number> {
+    const o = options?.partial ? { partial: true } : undefined;
+    return this.#enqueue(() => this.#binding.stateSeqSet(this.#h(), seq, data, o));
   }
 
   /** Frees the context after its queued operations finish. */

@@ -178,8 +178,9 @@ E('antiprompt', list(str(4096), 256), [], { unsupported: NOT_SERVED });
 E('cache_prompt', bool, true, { unsupported: NOT_SERVED });
 E('cache_idle_slots', bool, true, { unsupported: NOT_SERVED });
 E('n_cache_reuse', int(0), 0, { unsupported: NOT_SERVED });
-E('n_ctx_checkpoints', int(0, 1 << 16), 32, { unsupported: NOT_SERVED });
-E('checkpoint_min_step', int(0), 8192, { unsupported: NOT_SERVED });
+// Prompt checkpoints of a recurrent or hybrid model (core/checkpoints.ts), read at each admission.
+E('n_ctx_checkpoints', int(0, 1 << 16), 32);
+E('checkpoint_min_step', int(0), 8192);
 E('cache_ram_mib', int(-1), 8192, { unsupported: NOT_SERVED });
 E('slot_prompt_similarity', num(0, 1), 0.1, { unsupported: NOT_SERVED });
 E('cont_batching', bool, true, { unsupported: NOT_SERVED });

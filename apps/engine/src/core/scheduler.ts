@@ -3,6 +3,12 @@
 // nothing of how they were made; the runtime holds it (hold/whenIdle) around every rebuild.
 import type { Context, DecodeEntry, Model, Sampler, TokenProbs } from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
+import {
+  CheckpointList,
+  type CheckpointSettings,
+  checkpointCut,
+  type PromptCheckpoint,
+} from './checkpoints.js';
 import { EmbedQueue } from './embed-queue.js';
 import { TextOutput, type TokenProb } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
@@ -62,6 +68,8 @@ interface Job {
         next?: number[];
       }
     | undefined;
+  /** Prompt checkpoints this job takes (recurrent or hybrid memory, cache_prompt), else undefined. */
+  ckpt: CheckpointSettings | undefined;
 }
 
 /** What {@link Scheduler.slotInfo} reports of one slot. */
@@ -77,6 +85,9 @@ export interface SlotInfo {
   /** Guessed and confirmed tokens of the running or last speculated request (llama-server's draft_n). */
   draftN: number;
   draftAccepted: number;
+  /** Prompt checkpoints the slot keeps (recurrent or hybrid memory) and their bytes. */
+  checkpoints: number;
+  checkpointBytes: number;
 }
 
 /** One queued decode step: the jobs of its entries, in entry order. */
@@ -84,7 +95,12 @@ interface Step {
   jobs: Job[];
   /** Prompt tokens each entry feeds (0: a generated token); undefined when all are 0. */
   chunks: number[] | undefined;
-  result: Promise<{ tokens: Int32Array; runs?: (Int32Array | null)[]; probs?: (TokenProbs | null)[] }>;
+  result: Promise<{
+    tokens: Int32Array;
+    runs?: (Int32Array | null)[];
+    probs?: (TokenProbs | null)[];
+    checkpoints?: (Buffer | null)[];
+  }>;
   queuedAt: number;
 }
 
@@ -105,6 +121,8 @@ export interface SchedulerOptions {
   pipeline: boolean;
   /** The `speculative.*` settings in force (read at each admission); undefined: off. */
   speculative?: () => SpeculativeSettings | undefined;
+  /** `n_ctx_checkpoints` / `checkpoint_min_step` in force (read at each admission); undefined: none. */
+  checkpoints?: () => CheckpointSettings;
 }
 
 /** Queue, slots and the decode loop over one attached model and context. */
@@ -114,6 +132,12 @@ export class Scheduler {
   readonly #epoch: () => number;
   readonly #pipeline: boolean;
   readonly #speculative: () => SpeculativeSettings | undefined;
+  readonly #checkpointSettings: () => CheckpointSettings;
+  /** Per slot: its prompt checkpoints, freed with the slot's cache. */
+  #ckpts: CheckpointList[] = [];
+  /** Checkpoints #admit chose to restore before the next step (see #restoreCheckpoints). */
+  readonly #restores: { job: Job; ckpt: PromptCheckpoint }[] = [];
+  #nUbatch = 1;
   #model: Model | undefined;
   #ctx: Context | undefined;
   /**
@@ -161,6 +185,7 @@ export class Scheduler {
     this.#epoch = options.epoch;
     this.#pipeline = options.pipeline;
     this.#speculative = options.speculative ?? (() => undefined);
+    this.#checkpointSettings = options.checkpoints ?? (() => ({ max: 0, minStep: 0 }));
   }
 
   /** The context steps run on, if one is attached. */
@@ -202,6 +227,8 @@ export class Scheduler {
     this.#budget = Math.max(1, info.nBatch);
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
+    this.#ckpts = this.#slots.map(() => new CheckpointList());
+    this.#nUbatch = Math.max(1, info.nUbatch);
     this.#specTally = [];
   }
 
@@ -210,6 +237,8 @@ export class Scheduler {
     this.#model = model;
     this.#ctx = ctx;
     this.#forgetTokens();
+    // Another context: a partial state read from the old one is not restored into it.
+    for (const c of this.#ckpts) c.clear();
   }
 
   #forgetTokens(): void {
@@ -244,6 +273,7 @@ export class Scheduler {
     this.#draft = undefined;
     this.#slots = [];
     this.#cache = [];
+    this.#ckpts = [];
     return ctx;
   }
 
@@ -263,6 +293,8 @@ export class Scheduler {
         speculativeType: job?.spec?.settings.type,
         draftN: tally?.drafted ?? 0,
         draftAccepted: tally?.accepted ?? 0,
+        checkpoints: this.#ckpts[i]?.count ?? 0,
+        checkpointBytes: this.#ckpts[i]?.bytes ?? 0,
       };
     });
   }
@@ -296,6 +328,8 @@ export class Scheduler {
     this.#draft = undefined;
     this.#slots = [];
     this.#cache = [];
+    this.#ckpts = [];
+    this.#restores.length = 0;
     this.#slotsChanged();
     for (const w of this.#idleWaiters.splice(0)) w();
   }
@@ -434,6 +468,7 @@ export class Scheduler {
         reported: [],
         maxTokens: Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length)),
         spec: undefined,
+        ckpt: undefined,
       };
       if (options.signal) {
         options.signal.addEventListener(
@@ -509,7 +544,10 @@ export class Scheduler {
       free,
       Math.min(this.#ctx!.info.nBatch, this.#ctx!.info.nUbatch),
     );
-    for (const i of used) this.#cache[i] = new Int32Array(0);
+    for (const i of used) {
+      this.#cache[i] = new Int32Array(0);
+      this.#ckpts[i]?.clear();
+    }
   }
 
   #embedsRunnable(): boolean {
@@ -559,13 +597,35 @@ export class Scheduler {
         while (reuse < limit && cached[reuse] === job.prompt[reuse]) reuse++;
       }
       // A recurrent or hybrid memory keeps no per-position history: llama_memory_seq_rm refuses a
-      // partial range and leaves the sequence as it was. Read the prompt again from scratch.
-      if (share >= 0) this.#cache[i] = new Int32Array(0);
-      else if (!ctx.removeSequence(i, reuse, -1)) {
-        ctx.removeSequence(i, -1, -1);
-        reuse = 0;
+      // partial range and leaves the sequence as it was. The newest prompt checkpoint inside the
+      // common prefix is restored before the next step (#restoreCheckpoints); without one the
+      // prompt is read again from scratch.
+      const ckpts = this.#ckpts[i];
+      const ckptSettings = model.info.recurrent ? this.#checkpointSettings() : undefined;
+      if (ckptSettings !== undefined && ckptSettings.max === 0) ckpts?.clear();
+      if (share >= 0) {
         this.#cache[i] = new Int32Array(0);
-      } else this.#cache[i] = cached.subarray(0, reuse);
+        ckpts?.clear();
+      } else if (!ctx.removeSequence(i, reuse, -1)) {
+        const ckpt = reuse > 0 ? ckpts?.newestWithin(reuse) : undefined;
+        if (ckpt) {
+          reuse = ckpt.nTokens;
+          ckpts!.dropAbove(reuse);
+          this.#cache[i] = cached.subarray(0, reuse);
+          this.#restores.push({ job, ckpt });
+        } else {
+          ctx.removeSequence(i, -1, -1);
+          reuse = 0;
+          this.#cache[i] = new Int32Array(0);
+          ckpts?.clear();
+        }
+      } else {
+        this.#cache[i] = cached.subarray(0, reuse);
+        ckpts?.dropAbove(reuse);
+      }
+      // Never on a plain KV model: its sequence can be trimmed to any prefix.
+      job.ckpt =
+        ckptSettings !== undefined && ckptSettings.max > 0 && job.cachePrompt ? ckptSettings : undefined;
       job.reuse = reuse;
       job.fed = reuse;
       job.order = this.#admitted++;
@@ -594,6 +654,37 @@ export class Scheduler {
     if (changed) this.#slotsChanged();
   }
 
+  /**
+   * Restores the checkpoints #admit chose (a partial state: the recurrent part), then drops the
+   * attention KV after each: the recurrent part now ends at the checkpoint, so that removal is no
+   * longer partial for it. Anything that does not add up reads the job's prompt from scratch.
+   */
+  async #restoreCheckpoints(gen: number): Promise<void> {
+    const ctx = this.#ctx!;
+    for (const { job, ckpt } of this.#restores.splice(0)) {
+      let ok: boolean;
+      try {
+        ok = (await ctx.setSequenceState(job.slot, ckpt.data, { partial: true })) > 0;
+      } catch {
+        ok = false;
+      }
+      if (gen !== this.#gen) return;
+      ok =
+        ok &&
+        ctx.removeSequence(job.slot, ckpt.nTokens, -1) &&
+        ctx.sequenceEnd(job.slot) === ckpt.nTokens - 1;
+      if (ok) {
+        this.#counters.checkpointRestores += 1;
+        continue;
+      }
+      ctx.removeSequence(job.slot, -1, -1);
+      job.reuse = 0;
+      job.fed = 0;
+      this.#cache[job.slot] = new Int32Array(0);
+      this.#ckpts[job.slot]?.clear();
+    }
+  }
+
   async #run(): Promise<void> {
     if (this.#running) return;
     this.#running = true;
@@ -613,6 +704,10 @@ export class Scheduler {
           }
           if (!this.#ctx) break;
           this.#admit();
+          if (this.#restores.length > 0) {
+            await this.#restoreCheckpoints(gen);
+            if (gen !== this.#gen) return;
+          }
           if (this.#embedsRunnable()) {
             await this.#embedStep();
             if (gen !== this.#gen) return;
@@ -635,7 +730,12 @@ export class Scheduler {
           step = this.#decode(this.#ctx, next.jobs, next.entries, next.chunks);
         }
         ahead = this.#chain(step);
-        let out: { tokens: Int32Array; runs?: (Int32Array | null)[]; probs?: (TokenProbs | null)[] };
+        let out: {
+          tokens: Int32Array;
+          runs?: (Int32Array | null)[];
+          probs?: (TokenProbs | null)[];
+          checkpoints?: (Buffer | null)[];
+        };
         // A step queued ahead starts on the device when the one before it ends.
         const started = Math.max(step.queuedAt, this.#lastStepEnd);
         this.#decodeSince = started;
@@ -677,6 +777,11 @@ export class Scheduler {
             job.fed += chunk;
             this.#counters.promptTokens += chunk;
             this.#counters.promptChunks += 1;
+            const state = out.checkpoints?.[i];
+            if (state && job.ckpt) {
+              this.#ckpts[job.slot]?.add({ nTokens: job.fed, data: state }, job.ckpt.max);
+              this.#counters.checkpointsCreated += 1;
+            }
             if (job.fed < job.prompt.length) {
               // An intermediate chunk samples nothing; a cancel or failure ends the prefill here.
               if (job.failure) this.#release(job, job.failure);
@@ -754,7 +859,22 @@ export class Scheduler {
     let room = Math.max(1, this.#budget - decodeTokens);
     for (const job of prefill) {
       if (room === 0) break;
-      const n = Math.min(job.prompt.length - job.fed, room);
+      let n = Math.min(job.prompt.length - job.fed, room);
+      let checkpoint = false;
+      if (job.ckpt) {
+        // As llama-server: a chunk ends a few tokens before the prompt's end (and n_ubatch before
+        // that) so a checkpoint there survives a next turn that diverges at the reply; while a
+        // long prompt is read, one every checkpoint_min_step tokens.
+        const cut = checkpointCut(job.fed, job.prompt.length, this.#budget, this.#nUbatch);
+        const end = job.fed + n;
+        if (cut !== undefined && end >= cut) {
+          n = cut - job.fed;
+          checkpoint = true;
+        } else if (end < job.prompt.length) {
+          const last = Math.max(0, this.#ckpts[job.slot]?.lastTokens ?? 0);
+          checkpoint = end - last >= Math.max(1, job.ckpt.minStep);
+        }
+      }
       room -= n;
       const tokens = job.prompt.subarray(job.fed, job.fed + n);
       jobs.push(job);
@@ -762,7 +882,7 @@ export class Scheduler {
       entries.push(
         job.fed + n === job.prompt.length
           ? { seq: job.slot, pos: job.fed, tokens, sampler: job.sampler!, ...probsEntry(job) }
-          : { seq: job.slot, pos: job.fed, tokens },
+          : { seq: job.slot, pos: job.fed, tokens, ...(checkpoint ? { checkpoint: true } : {}) },
       );
     }
     return { jobs, entries, chunks };
@@ -1006,6 +1126,7 @@ export class Scheduler {
         const slot = job.slot;
         this.#afterStep(() => ctx?.removeSequence(slot));
         this.#cache[job.slot] = new Int32Array(0);
+        this.#ckpts[job.slot]?.clear();
       }
       this.#slotsChanged();
     }
@@ -1071,6 +1192,7 @@ export class Scheduler {
       const held = this.#cache[slot]?.length ?? 0;
       ctx.removeSequence(slot);
       this.#cache[slot] = new Int32Array(0);
+      this.#ckpts[slot]?.clear();
       return held;
     });
   }
@@ -1094,6 +1216,7 @@ export class Scheduler {
       });
       ctx.removeSequence(slot);
       this.#cache[slot] = new Int32Array(0);
+      this.#ckpts[slot]?.clear();
       const read = await ctx.setSequenceState(slot, kv);
       const bad = (why: string) => new HydraError('HYDRA_ERR_STATE_INVALID', `slot state rejected: ${why}`);
       if (read === 0 && kv.length > 0) throw bad('llama.cpp did not accept the KV bytes');

@@ -83,6 +83,9 @@ export interface EngineCounters {
   decodeSeconds: number;
   /** Decode entries that fed a part of a prompt (chunked prefill: a long prompt takes several). */
   promptChunks: number;
+  /** Prompt checkpoints taken (recurrent or hybrid memory), and those restored to reuse a prefix. */
+  checkpointsCreated: number;
+  checkpointRestores: number;
   /** Speculative decoding: tokens guessed, and those of them the model confirmed. */
   specDrafted: number;
   specAccepted: number;
@@ -176,6 +179,8 @@ export function newCounters(): EngineCounters {
     decodeEntriesWasted: 0,
     decodeSeconds: 0,
     promptChunks: 0,
+    checkpointsCreated: 0,
+    checkpointRestores: 0,
     specDrafted: 0,
     specAccepted: 0,
     specByType: {

@@ -415,6 +415,9 @@ export class LlamaRoutes {
       // llama-server's timings names: guessed tokens and those confirmed, of the slot's last request.
       draft_n: s.draftN,
       draft_n_accepted: s.draftAccepted,
+      // Hydra's: the slot's prompt checkpoints (recurrent or hybrid memory) and their bytes.
+      n_ctx_checkpoints: s.checkpoints,
+      checkpoints_bytes: s.checkpointBytes,
     }));
   }
 
