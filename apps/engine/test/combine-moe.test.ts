@@ -1,15 +1,11 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { type StockRpcServer, stockRpcServer } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort, stream } from './control-helpers.js';
+import { stream } from './control-helpers.js';
 import { engineWith, waitFor } from './helpers.js';
-
-const RPC_SERVER = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
-  .pathname;
 
 async function greedy(url: string, prompt: string, maxTokens = 16): Promise<string> {
   const res = await fetch(`${url}/v1/completions`, {
@@ -41,7 +37,7 @@ async function setMode(url: string, mode: string) {
 describe('MoE expert placement flip (SET_EXPERT_MODE) without reload', () => {
   const PROMPTS = ['Hello world, this is a test', 'The quick brown fox'];
   let moe: string;
-  let server: ChildProcess;
+  let server: StockRpcServer | undefined;
   let endpoint: string;
   let solo: string[];
   const open: { close(): Promise<void> }[] = [];
@@ -54,21 +50,12 @@ describe('MoE expert placement flip (SET_EXPERT_MODE) without reload', () => {
     solo = [];
     for (const p of PROMPTS) solo.push(await greedy(e.url, p));
     await e.close();
-    const port = await freePort();
-    endpoint = `127.0.0.1:${port}`;
-    server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
-    await waitFor(
-      () =>
-        probeRpcServer(endpoint, 500).then(
-          () => true,
-          () => false,
-        ),
-      10_000,
-    );
+    server = await stockRpcServer({ threads: 1, timeoutMs: 10_000 });
+    endpoint = server.endpoint;
   }, 60_000);
   afterAll(async () => {
     for (const e of open.reverse()) await e.close();
-    server?.kill('SIGKILL');
+    await server?.stop();
   });
 
   it('keeps both placements resident, flips both ways with the same greedy tokens, mid-stream too', async () => {

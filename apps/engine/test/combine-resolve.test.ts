@@ -1,33 +1,21 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
-import { probeRpcServer } from '@hydra-engine/native-ggml';
+import { type StockRpcServer, stockRpcServer } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { complete, freePort } from './control-helpers.js';
-import { engineWith, tinyModel, waitFor } from './helpers.js';
+import { engineWith, tinyModel } from './helpers.js';
 
 // The minimal COMBINE request, {model, mode, peer}, goes through the resolver's unified table.
-const bin = fileURLToPath(new URL('../../../packages/native-ggml/build/bin/', import.meta.url));
-let peer: ChildProcess;
+let peer: StockRpcServer | undefined;
 let peerEndpoint: string;
 let engine: Awaited<ReturnType<typeof engineWith>>;
 let client: HydraClient;
 
 beforeAll(async () => {
   const model = await tinyModel();
-  const rpcPort = await freePort();
-  peer = spawn(join(bin, 'ggml-rpc-server'), ['-H', '127.0.0.1', '-p', String(rpcPort)], { stdio: 'ignore' });
-  peerEndpoint = `127.0.0.1:${rpcPort}`;
-  await waitFor(async () => {
-    try {
-      await probeRpcServer(peerEndpoint, 500);
-      return true;
-    } catch {
-      return false;
-    }
-  }, 15_000);
+  peer = await stockRpcServer();
+  peerEndpoint = peer.endpoint;
   const config = join(dirname(model), 'registry.yaml');
   writeFileSync(config, `models:\n  tiny:\n    path: ${model}\n    tensor_split: [1, 1]\n`);
   const port = await freePort();
@@ -38,7 +26,7 @@ beforeAll(async () => {
 afterAll(async () => {
   client?.close();
   await engine?.close();
-  peer?.kill('SIGKILL');
+  await peer?.stop();
 });
 
 it('{model, mode: "combined", peer} loads the dense row of the table; {mode: "solo"} leaves COMBINE', async () => {

@@ -1,19 +1,18 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
-import { probeRpcServer } from '@hydra-engine/native-ggml';
+import { type StockRpcServer, stockRpcServer } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readGgufFile } from '../src/placement.js';
 import { complete, freePort, variant } from './control-helpers.js';
-import { engineWith, tinyModel, waitFor } from './helpers.js';
+import { engineWith, tinyModel } from './helpers.js';
 
 type Running = Awaited<ReturnType<typeof engineWith>>;
 let model: string;
 let a: Running;
 let aPort: number;
 const clients: HydraClient[] = [];
-let peer: ChildProcess | undefined;
+let peer: StockRpcServer | undefined;
 
 async function client(port: number, encoding: 'json' | 'msgpack'): Promise<HydraClient> {
   const c = await HydraClient.connect({ port, encoding, timeoutMs: 30_000 });
@@ -38,7 +37,7 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const c of clients) c.close();
   await a?.close();
-  peer?.kill('SIGKILL');
+  await peer?.stop();
 });
 
 describe.each(['json', 'msgpack'] as const)('control opcodes over %s', (encoding) => {
@@ -305,21 +304,14 @@ describe('lazy load and the /control routes', () => {
 describe('SET_EXPERT_MODE with a peer', () => {
   it('SET_EXPERT_MODE on an MoE model: no peer, then a real peer', async () => {
     const moe = await variant(model, 'moe', 'q8_0');
-    const peerPort = await freePort();
     const headPort = await freePort();
     // The stock ggml-rpc-server of the same pin, in its own process.
-    const server = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
-      .pathname;
-    peer = spawn(server, ['-H', '127.0.0.1', '-p', String(peerPort)], { stdio: 'ignore' });
+    peer = await stockRpcServer();
     const head = await engineWith(['-m', moe, '-np', '1', '-c', '512', '--rpc-port', String(headPort)]);
     try {
       const c = await client(headPort, 'json');
       expect((await code(c.setExpertMode('combined'))).code).toBe('HYDRA_ERR_NO_PEER');
-      await waitFor(
-        async () => (await probeRpcServer(`127.0.0.1:${peerPort}`).catch(() => null)) !== null,
-        10_000,
-      );
-      const r = await c.configure({ rpc_servers: [`127.0.0.1:${peerPort}`], n_gpu_layers: 0 });
+      const r = await c.configure({ rpc_servers: [peer.endpoint], n_gpu_layers: 0 });
       expect(r.tier).toBe('T3');
       expect((await c.status()).mode).toBe('combined');
       const m = await c.setExpertMode('solo');

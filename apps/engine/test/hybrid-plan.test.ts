@@ -1,23 +1,19 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { addRpcServer, initBackend, Model, probeRpcServer } from '@hydra-engine/native-ggml';
+import { addRpcServer, initBackend, Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { modelFactsFromGguf, planSplit } from '@hydra-engine/resolver';
+import { type StockRpcServer, stockRpcServer } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readGgufFile } from '../src/placement.js';
-import { freePort } from './control-helpers.js';
-import { waitFor } from './helpers.js';
 
 // The planner on the hybrid synthetic models: attention KV only on the full-attention blocks (3, 7)
 // and recurrent state (f32 conv + delta-net rows, one set per sequence) on the others, per device.
 // Checked against llama.cpp's memory breakdown of real loads, whole on the CPU and split with a
 // stock ggml-rpc-server.
-const RPC_SERVER = new URL('../../../packages/native-ggml/build/bin/ggml-rpc-server', import.meta.url)
-  .pathname;
 const dir = mkdtempSync(join(tmpdir(), 'hydra-hybrid-plan-'));
-let server: ChildProcess;
+let server: StockRpcServer;
 let rpcDevice: string;
 
 async function facts(path: string) {
@@ -26,21 +22,12 @@ async function facts(path: string) {
 
 beforeAll(async () => {
   initBackend();
-  const port = await freePort();
-  const endpoint = `127.0.0.1:${port}`;
-  server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
-  await waitFor(
-    () =>
-      probeRpcServer(endpoint, 500).then(
-        () => true,
-        () => false,
-      ),
-    10_000,
-  );
+  server = await stockRpcServer({ threads: 1, timeoutMs: 10_000 });
+  const { endpoint } = server;
   rpcDevice = (await addRpcServer(endpoint))[0]!.name;
 }, 30_000);
-afterAll(() => {
-  server?.kill('SIGKILL');
+afterAll(async () => {
+  await server?.stop();
   rmSync(dir, { recursive: true, force: true });
 });
 

@@ -1,15 +1,14 @@
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { EXPERT_TENSOR_REGEX } from '@hydra-engine/resolver';
+import { type StockRpcServer, stockRpcServer } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readGgufFile } from '../src/placement.js';
-import { freePort } from './control-helpers.js';
-import { engineWith, waitFor } from './helpers.js';
+import { engineWith } from './helpers.js';
 
 // The hybrid synthetic models (qwen35: gated delta-net recurrent blocks with full attention every
 // 4th block; qwen35moe: the same with routed + shared experts) through the engine's HTTP API.
@@ -19,7 +18,6 @@ import { engineWith, waitFor } from './helpers.js';
 const exec = promisify(execFile);
 const BIN = '../../../packages/native-ggml/build/bin/';
 const SIMPLE = new URL(`${BIN}llama-simple`, import.meta.url).pathname;
-const RPC_SERVER = new URL(`${BIN}ggml-rpc-server`, import.meta.url).pathname;
 const PROMPT = 'the cat and the dog went to the market';
 type Eng = Awaited<ReturnType<typeof engineWith>>;
 
@@ -98,7 +96,7 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
     }
   });
 
-  it('reuses a slot whole when the prompt extends it, and re-reads it otherwise (token prompts)', async () => {
+  it('reuses a slot whole when the prompt extends it, else from a checkpoint or from scratch (token prompts)', async () => {
     const engine = eng.engine;
     const params = { maxTokens: 8, stop: [], sampler: { temp: 0 }, ignoreEos: true };
     const fresh = async (prompt: Int32Array) => (await engine.submit(prompt, params, { slot: 1 })).tokens;
@@ -114,10 +112,15 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
     const ext = await cached(extended);
     expect(ext.cachedTokens).toBe(p.length + first.tokens.length - 1);
     expect(ext.tokens).toEqual(await fresh(extended));
-    // Anything shorter than what the slot holds needs a partial removal: read from the start.
-    for (const q of [p, Int32Array.from([...p.subarray(0, 4), ...words(' ran to the river')])]) {
+    // Anything shorter than what the slot holds needs a partial removal: the prompt checkpoint 4
+    // tokens before the first prompt's end is restored (test/checkpoints.test.ts), and a prompt
+    // that diverges before it is read from the start.
+    for (const [k, q] of [
+      p,
+      Int32Array.from([...p.subarray(0, 4), ...words(' ran to the river')]),
+    ].entries()) {
       const r = await cached(q);
-      expect(r.cachedTokens).toBe(0);
+      expect(r.cachedTokens).toBe(k === 0 ? p.length - 4 : 0);
       expect(r.tokens).toEqual(await fresh(q));
     }
   });
@@ -178,18 +181,9 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
   // (SSM_CONV is not on its op allowlist; reported, not fixed here).
   it('splits its layers with a stock ggml-RPC peer (4 of 8 blocks remote) with the SOLO tokens', async () => {
     const solo = await complete(eng, { prompt: PROMPT, max_tokens: 16, ignore_eos: true });
-    const port = await freePort();
-    const server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
+    const server = await stockRpcServer({ threads: 1, timeoutMs: 10_000 });
     try {
-      const endpoint = `127.0.0.1:${port}`;
-      await waitFor(
-        () =>
-          probeRpcServer(endpoint, 500).then(
-            () => true,
-            () => false,
-          ),
-        10_000,
-      );
+      const { endpoint } = server;
       const head = await engineWith(['-m', model, '--rpc', endpoint, '-ngl', '4', '-c', '1024']);
       open.push(head);
       const health = (await (await fetch(`${head.url}/health`)).json()) as {
@@ -203,17 +197,17 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
       await head.close();
       open.pop();
     } finally {
-      server.kill('SIGKILL');
+      await server.stop();
     }
   }, 60_000);
 });
 
 describe('tiny qwen35moe expert placement on a stock ggml-RPC peer', () => {
   const open: Eng[] = [];
-  let server: ReturnType<typeof spawn> | undefined;
+  let server: StockRpcServer | undefined;
   afterAll(async () => {
     for (const e of open.reverse()) await e.close();
-    server?.kill('SIGKILL');
+    await server?.stop();
   });
 
   it('puts the routed experts on the peer, keeps shared experts local, and flips with the SOLO tokens', async () => {
@@ -229,17 +223,8 @@ describe('tiny qwen35moe expert placement on a stock ggml-RPC peer', () => {
     const solo = await engineWith(['-m', model]);
     open.push(solo);
     const reference = (await complete(solo, body)).text;
-    const port = await freePort();
-    server = spawn(RPC_SERVER, ['-p', String(port), '-t', '1'], { stdio: 'ignore' });
-    const endpoint = `127.0.0.1:${port}`;
-    await waitFor(
-      () =>
-        probeRpcServer(endpoint, 500).then(
-          () => true,
-          () => false,
-        ),
-      10_000,
-    );
+    server = await stockRpcServer({ threads: 1, timeoutMs: 10_000 });
+    const { endpoint } = server;
     const head = await engineWith(['-m', model, '--rpc', endpoint, '-c', '1024']);
     open.push(head);
     expect(head.engine.dualPlacement).toBe(true);

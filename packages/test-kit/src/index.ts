@@ -16,5 +16,6 @@ export {
 } from './engine.js';
 export { type Health, health, metrics, openFds, parseMetrics, rssBytes } from './metrics.js';
 export { tinyModel } from './model.js';
+export { RPC_SERVER, type StockRpcServer, stockRpcServer } from './rpc-server.js';
 export { SseCompletion } from './sse.js';
 export { sleep, waitFor } from './wait.js';
