@@ -1,3 +1,4 @@
+import { scanArgv } from '../argv.js';
 import { HydraError } from '../errors.js';
 import { type SynthModelResult, type SynthProgress, writeSyntheticModel } from './generate.js';
 import {
@@ -44,30 +45,29 @@ function oneOf<T extends string>(key: string, value: string, allowed: readonly T
 }
 
 /**
- * Parses `--arch --shape --quant --seed --out` (as `--flag value` or `--flag=value`). Unknown,
- * repeated or valueless flags, stray arguments, bad values and a missing `--out` throw a
- * HydraError with code `HYDRA_ERR_BAD_ARGUMENT` whose `keys` name the offending flag.
+ * Parses `--arch --shape --quant --seed --out` (as `--flag value` or `--flag=value`, read by the
+ * repository's one argv scanner: a word starting with a dash is no value unless it is a negative
+ * number). Unknown, repeated or valueless flags, stray arguments, bad values and a missing `--out`
+ * throw a HydraError with code `HYDRA_ERR_BAD_ARGUMENT` whose `keys` name the offending flag.
  */
 export function parseSynthArgs(argv: readonly string[]): SynthArgs {
   const seen = new Map<Flag, string>();
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    if (!arg.startsWith('--')) throw bad(arg, `unexpected argument ${JSON.stringify(arg)}`);
-    const eq = arg.indexOf('=');
-    const name = arg.slice(2, eq === -1 ? undefined : eq);
-    if (!(FLAGS as readonly string[]).includes(name)) throw bad(name, `unknown flag --${name}`);
-    const flag = name as Flag;
+  const hits = scanArgv(
+    argv,
+    (name) => (FLAGS as readonly string[]).find((f) => `--${f}` === name) as Flag | undefined,
+    () => ({ takes: 'value' }),
+    {
+      unknown: (name, arg) =>
+        arg.startsWith('--')
+          ? bad(name.slice(2), `unknown flag ${name}`)
+          : bad(arg, `unexpected argument ${JSON.stringify(arg)}`),
+      bad: (name, message) => bad(name.slice(2), message),
+    },
+  );
+  for (const { flag, raw } of hits) {
     if (seen.has(flag)) throw bad(flag, `--${flag} given twice`);
-    let value: string | undefined;
-    if (eq !== -1) {
-      value = arg.slice(eq + 1);
-    } else {
-      value = argv[i + 1];
-      if (value === undefined || value.startsWith('--')) value = undefined;
-      else i++;
-    }
-    if (value === undefined || value.length === 0) throw bad(flag, `--${flag} needs a value`);
-    seen.set(flag, value);
+    if (raw === undefined || raw.length === 0) throw bad(flag, `--${flag} needs a value`);
+    seen.set(flag, raw);
   }
   const out = seen.get('out');
   if (out === undefined) throw bad('out', '--out FILE is required');
