@@ -1,42 +1,13 @@
-import { existsSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { HydraClient, type HydraPort, type NativeFdOps } from '../src/index.js';
+import { HydraClient, type HydraPort } from '../src/index.js';
 import { frame, memoryLogger, rawExchange, startPort } from './helpers.js';
+import { loadNativeGgml } from './native.js';
 
-// The ggml-RPC half of the port needs native-ggml's addon (MSG_PEEK, dup, serveRpcFd). hydra-rpc
-// never imports it; this test loads the sibling package's build by path and skips until it exists.
-interface NativeGgml extends NativeFdOps {
-  addonCandidates(): string[];
-  probeRpcServer(
-    endpoint: string,
-    timeoutMs?: number,
-  ): Promise<{ major: number; minor: number; patch: number }>;
-}
-
-let rpcHostPath = '';
-async function loadNative(): Promise<NativeGgml | undefined> {
-  const entry = new URL('../../native-ggml/dist/index.js', import.meta.url);
-  if (!existsSync(entry)) return undefined;
-  try {
-    const mod = (await import(entry.href)) as NativeGgml;
-    const host = (await import(new URL('../../native-ggml/dist/rpc-host.js', import.meta.url).href)) as {
-      rpcHostPath: string;
-    };
-    rpcHostPath = host.rpcHostPath;
-    return mod.addonCandidates().some((candidate) => existsSync(candidate)) ? mod : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-const native = await loadNative();
+const loaded = await loadNativeGgml();
+const native = loaded?.native;
+const rpcHostPath = loaded?.rpcHostPath ?? '';
 const nativeAvailable = native !== undefined;
-// native-ggml is a devDependency, so turbo builds it before these tests; in CI its absence is a
-// failure, not a skip.
-if (!nativeAvailable && process.env.CI) {
-  throw new Error('the native-ggml addon is not built: the merged port cannot be tested end to end');
-}
 
 // ggml-RPC protocol 6 HELLO: cmd u8, size u64 = 24, 24 request bytes; reply size u64 = 28, then
 // major, minor, patch first.

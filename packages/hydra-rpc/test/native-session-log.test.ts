@@ -1,37 +1,15 @@
-import { existsSync } from 'node:fs';
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import type { HydraPort, NativeFdOps } from '../src/index.js';
+import type { HydraPort } from '../src/index.js';
 import { frame, memoryLogger, rawExchange, startPort } from './helpers.js';
+import { loadNativeGgml } from './native.js';
 
 // What the port logs about each connection it closes and each ggml-RPC session that ends, with the
 // real native host: a stock client that reports a failed HELLO must leave a line saying which
 // session it was, how it ended, in which host, and how long it waited for one.
-interface NativeGgml extends NativeFdOps {
-  addonCandidates(): string[];
-  probeRpcServer(endpoint: string, timeoutMs?: number): Promise<{ major: number }>;
-}
-
-let rpcHostPath = '';
-async function loadNative(): Promise<NativeGgml | undefined> {
-  const entry = new URL('../../native-ggml/dist/index.js', import.meta.url);
-  if (!existsSync(entry)) return undefined;
-  try {
-    const mod = (await import(entry.href)) as NativeGgml;
-    const host = (await import(new URL('../../native-ggml/dist/rpc-host.js', import.meta.url).href)) as {
-      rpcHostPath: string;
-    };
-    rpcHostPath = host.rpcHostPath;
-    return mod.addonCandidates().some((candidate) => existsSync(candidate)) ? mod : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-const native = await loadNative();
-if (native === undefined && process.env.CI) {
-  throw new Error('the native-ggml addon is not built: the merged port cannot be tested end to end');
-}
+const loaded = await loadNativeGgml();
+const native = loaded?.native;
+const rpcHostPath = loaded?.rpcHostPath ?? '';
 
 const ports: HydraPort[] = [];
 afterEach(async () => {
