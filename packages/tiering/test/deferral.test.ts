@@ -5,23 +5,14 @@ import {
   type Decision,
   DeferralPolicy,
   defaults,
-  HydraError,
+  type HydraError,
   normalize,
   type Params,
   parseDrainTimeout,
   plan,
 } from '../src/index.js';
 import { validDelta } from './arbitraries.js';
-
-function code(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (error) {
-    expect(error).toBeInstanceOf(HydraError);
-    return (error as HydraError).code;
-  }
-  return 'none';
-}
+import { code } from './codes.js';
 
 describe('parseDrainTimeout', () => {
   it('reads bare numbers as seconds and honours unit suffixes', () => {

@@ -1,15 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigLayers, DeferralPolicy, defaults, HydraError } from '../src/index.js';
-
-function code(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (error) {
-    expect(error).toBeInstanceOf(HydraError);
-    return (error as HydraError).code;
-  }
-  return 'none';
-}
+import { ConfigLayers, DeferralPolicy, defaults } from '../src/index.js';
+import { code } from './codes.js';
 
 describe('ConfigLayers', () => {
   it('merges defaults < startup < configure and keeps each source', () => {
