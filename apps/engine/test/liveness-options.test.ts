@@ -1,19 +1,11 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { errorCode as code } from '@hydra-engine/test-kit';
 import { describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
 import { PeerWatchdog } from '../src/combine/watchdog.js';
 import type { Engine } from '../src/engine.js';
-
-function code(fn: () => unknown): string | undefined {
-  try {
-    fn();
-  } catch (err) {
-    return (err as { code?: string }).code;
-  }
-  return undefined;
-}
 
 describe('peer watchdog and batching options', () => {
   it('takes the watchdog settings from flags and from the hydra: map, flags winning', () => {

@@ -1,17 +1,9 @@
+import { errorCode as code } from '@hydra-engine/test-kit';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { decodeSlotState, encodeSlotState } from '../src/core/slot-state.js';
 
 const limits = { nVocab: 1000, nCtxSeq: 64 };
-
-function code(fn: () => unknown): string | undefined {
-  try {
-    fn();
-  } catch (err) {
-    return (err as { code?: string }).code;
-  }
-  return undefined;
-}
 
 describe('slot-state codec', () => {
   it('round-trips tokens and KV bytes', () => {

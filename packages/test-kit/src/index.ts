@@ -3,6 +3,7 @@
  * a process, SSE and Prometheus parsing, the tiny synthetic model.
  */
 export { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
+export { errorCode } from './codes.js';
 export {
   CLI,
   type EngineExit,

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseMetrics, SseCompletion, waitFor } from '../src/index.js';
+import { errorCode, parseMetrics, SseCompletion, waitFor } from '../src/index.js';
 
 describe('test-kit', () => {
   it('waitFor resolves once the check holds and names what timed out', async () => {
@@ -35,5 +35,19 @@ describe('test-kit', () => {
       ['hydra_slots_busy', 2],
       ['hydra_requests_total{code="200"}', 7],
     ]);
+  });
+
+  it('errorCode reads the code of what a function throws', () => {
+    expect(
+      errorCode(() => {
+        throw Object.assign(new Error('x'), { code: 'HYDRA_ERR_BAD_ARGUMENT' });
+      }),
+    ).toBe('HYDRA_ERR_BAD_ARGUMENT');
+    expect(errorCode(() => 1)).toBeUndefined();
+    expect(
+      errorCode(() => {
+        throw null;
+      }),
+    ).toBeUndefined();
   });
 });
