@@ -2,17 +2,14 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { engineGroup } from '@hydra-engine/test-kit';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../src/log.js';
 import { tinyModel, waitFor } from './helpers.js';
 
 const engines = engineGroup();
 afterAll(() => engines.stopAll());
 
-let model: string;
-beforeAll(async () => {
-  model = await tinyModel();
-});
+const model = await tinyModel();
 
 // The log is read from stderr alone: every line of it must parse as JSON.
 async function start(extra: string[]) {

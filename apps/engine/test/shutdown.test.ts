@@ -1,14 +1,11 @@
 import { engineGroup, sleep } from '@hydra-engine/test-kit';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { tinyModel } from './helpers.js';
 
 const engines = engineGroup();
 afterAll(() => engines.stopAll());
 
-let model: string;
-beforeAll(async () => {
-  model = await tinyModel();
-});
+const model = await tinyModel();
 
 async function start(extra: string[]) {
   return engines.start(['-t', '1', '-m', model, '-np', '2', '-c', '65536', ...extra]);
