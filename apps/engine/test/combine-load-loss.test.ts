@@ -3,12 +3,22 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
+import { healthUntil, sleep } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { greedy, spawnEngine } from './combine-helpers.js';
-import { tinyModel, waitFor } from './helpers.js';
+import { greedy, type Proc, spawnEngine } from './combine-helpers.js';
+import { tinyModel } from './helpers.js';
 
-// Issue 22: a peer lost while a CONFIGURE loads a model over ggml-RPC. Before, the load thread
-// parked on the dead peer and the CONFIGURE never answered (state loading for good).
+// A peer lost while a CONFIGURE loads a model over ggml-RPC: the load thread must not park on the
+// dead peer (the CONFIGURE would never answer, the state loading for good).
+// Kills the peer once the head's load is under way (the weights streaming to it); when it did.
+async function killPeerWhileLoading(headUrl: string, peer: Proc): Promise<number> {
+  await healthUntil<{ state: string }>(headUrl, (h) => h.state === 'loading', 20_000);
+  await sleep(300);
+  const killedAt = performance.now();
+  peer.child.kill('SIGKILL');
+  return killedAt;
+}
+
 describe('peer loss during a CONFIGURE load', () => {
   const PROMPT = 'Hello world, this is a test';
   let tiny: string;
@@ -38,14 +48,7 @@ describe('peer loss during a CONFIGURE load', () => {
       method: 'POST',
       body: JSON.stringify({ model: big, rpc_servers: [peer.rpc], devices: ['RPC0'], n_gpu_layers: 99 }),
     }).then((r) => r.json() as Promise<{ success: boolean; error?: { code: string }; code?: string }>);
-    // Killed once the load is under way (the weights streaming to the peer).
-    await waitFor(async () => {
-      const h = (await fetch(`${head.url}/health`).then((r) => r.json())) as { state: string };
-      return h.state === 'loading';
-    }, 20_000);
-    await new Promise((r) => setTimeout(r, 300));
-    const killedAt = performance.now();
-    peer.child.kill('SIGKILL');
+    const killedAt = await killPeerWhileLoading(head.url, peer);
     const r = await reply;
     const answered = performance.now();
     console.log(
@@ -55,10 +58,7 @@ describe('peer loss during a CONFIGURE load', () => {
     if (!JSON.stringify(r).includes('HYDRA_ERR_PEER_LOST')) console.log(JSON.stringify(r));
     expect(JSON.stringify(r)).toContain('HYDRA_ERR_PEER_LOST');
     expect(answered - killedAt).toBeLessThan(10_000);
-    await waitFor(async () => {
-      const h = (await fetch(`${head.url}/health`).then((x) => x.json())) as { state: string };
-      return h.state === 'ready';
-    }, 20_000);
+    await healthUntil<{ state: string }>(head.url, (h) => h.state === 'ready', 20_000);
     const status = (await fetch(`${head.url}/control/status`).then((x) => x.json())) as {
       mode: string;
       model: { path?: string };
@@ -93,28 +93,20 @@ describe('peer loss during a CONFIGURE load', () => {
       method: 'POST',
       body: JSON.stringify({ model: big }),
     }).then((r) => r.json() as Promise<{ success: boolean }>);
-    await waitFor(async () => {
-      const h = (await fetch(`${head.url}/health`).then((r) => r.json())) as { state: string };
-      return h.state === 'loading';
-    }, 20_000);
-    await new Promise((r) => setTimeout(r, 300));
-    const killedAt = performance.now();
-    peer.child.kill('SIGKILL');
+    const killedAt = await killPeerWhileLoading(head.url, peer);
     const r = await reply;
     expect(r.success).toBe(false);
     expect(JSON.stringify(r)).toContain('HYDRA_ERR_PEER_LOST');
-    let h:
-      | { state: string; status: string; degraded?: { reason: string; failover?: { policy: string } } }
-      | undefined;
-    await waitFor(async () => {
-      h = (await fetch(`${head.url}/health`).then((x) => x.json())) as NonNullable<typeof h>;
-      return h.state === 'ready' && h.status === 'degraded';
-    }, 20_000);
+    const h = await healthUntil<{
+      state: string;
+      status: string;
+      degraded?: { reason: string; failover?: { policy: string } };
+    }>(head.url, (x) => x.state === 'ready' && x.status === 'degraded', 20_000);
     console.log(
       `load loss, COMBINE before: SOLO failover ready ${(performance.now() - killedAt).toFixed(0)} ms after kill -9`,
     );
-    expect(h!.degraded!.reason).toMatch(/still gone/);
-    expect(h!.degraded!.failover?.policy).toBe('solo');
+    expect(h.degraded!.reason).toMatch(/still gone/);
+    expect(h.degraded!.failover?.policy).toBe('solo');
     expect(await greedy(head.url, PROMPT)).toEqual(before);
   }, 180_000);
 });

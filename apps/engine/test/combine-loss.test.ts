@@ -1,5 +1,6 @@
 import type { ChildProcess } from 'node:child_process';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
+import { healthUntil } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { greedy, type Proc, spawnEngine } from './combine-helpers.js';
 import { stream } from './control-helpers.js';
@@ -18,7 +19,6 @@ interface Health {
   placement?: { device: string }[];
 }
 
-const health = (url: string) => fetch(`${url}/health`).then((r) => r.json() as Promise<Health>);
 const status = (url: string) =>
   fetch(`${url}/control/status`).then(
     (r) =>
@@ -89,11 +89,11 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
 
   it('solo (auto, the model fits): PEER_LOST, degraded with the policy, SOLO within 10 s, then rejoins on its own with the same tokens', async () => {
     const { peer, head, killedAt, ended } = await killMidStream([]);
-    let h: Health | undefined;
-    await waitFor(async () => {
-      h = await health(head.url);
-      return h.state === 'ready' && h.status === 'degraded';
-    }, 10_000);
+    const h = await healthUntil<Health>(
+      head.url,
+      (x) => x.state === 'ready' && x.status === 'degraded',
+      10_000,
+    );
     const again = await greedy(head.url, PROMPT);
     const recovered = performance.now() - killedAt;
     console.log(
@@ -101,10 +101,10 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     );
     expect(recovered).toBeLessThan(10_000);
     expect(again).toEqual({ status: 200, text: solo });
-    expect(h!.degraded!.reason).toMatch(/peer|ggml-RPC/);
-    expect(h!.degraded!.failover).toMatchObject({ requested: 'auto', policy: 'solo', solo_fits: true });
-    expect(h!.degraded!.held!.what.length).toBeGreaterThan(0);
-    expect(h!.degraded!.held!.why).toMatch(/parked/);
+    expect(h.degraded!.reason).toMatch(/peer|ggml-RPC/);
+    expect(h.degraded!.failover).toMatchObject({ requested: 'auto', policy: 'solo', solo_fits: true });
+    expect(h.degraded!.held!.what.length).toBeGreaterThan(0);
+    expect(h.degraded!.held!.why).toMatch(/parked/);
 
     const st = await status(head.url);
     expect(st).toMatchObject({ success: true, mode: 'solo', peers: [] });
@@ -122,15 +122,15 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
     const back = await spawnEngine([], Number(peer.rpc.split(':')[1]));
     procs.push(back.child);
     const backAt = performance.now();
-    let rejoined: Health | undefined;
-    await waitFor(async () => {
-      rejoined = await health(head.url);
-      return rejoined.state === 'ready' && rejoined.status !== 'degraded';
-    }, 30_000);
+    const rejoined = await healthUntil<Health>(
+      head.url,
+      (x) => x.state === 'ready' && x.status !== 'degraded',
+      30_000,
+    );
     console.log(
       `peer rejoin: COMBINE restored ${(performance.now() - backAt).toFixed(0)} ms after the peer restarted`,
     );
-    expect(rejoined!.placement!.map((r) => r.device)).toEqual(['RPC1']);
+    expect(rejoined.placement!.map((r) => r.device)).toEqual(['RPC1']);
     expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
     const after = await status(head.url);
     expect(after.mode).toBe('combined');
@@ -146,38 +146,35 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
         tier: 'T1',
       });
     });
-    let h: Health | undefined;
-    await waitFor(async () => {
-      h = await health(head.url);
-      return h.state === 'ready' && h.status === 'degraded';
-    }, 10_000);
+    const h = await healthUntil<Health>(
+      head.url,
+      (x) => x.state === 'ready' && x.status === 'degraded',
+      10_000,
+    );
     const again = await greedy(head.url, PROMPT);
     const recovered = performance.now() - killedAt;
     console.log(`peer loss (offload): answered ${recovered.toFixed(0)} ms after kill -9`);
     expect(recovered).toBeLessThan(10_000);
     expect(again).toEqual({ status: 200, text: solo });
-    const f = h!.degraded!.failover!;
+    const f = h.degraded!.failover!;
     expect(f).toMatchObject({ requested: 'auto', policy: 'offload', solo_fits: false });
     expect(f.n_gpu_layers).toBeGreaterThanOrEqual(0);
-    expect(h!.degraded!.rejoin).toEqual({ enabled: false, probes: 0 });
+    expect(h.degraded!.rejoin).toEqual({ enabled: false, probes: 0 });
   }, 120_000);
 
   it('none: PEER_LOST, nothing reloaded, requests refused saying why; the rejoin restores COMBINE when the peer is back', async () => {
     const { peer, head } = await killMidStream(['--failover-policy', 'none']);
-    let h: Health | undefined;
-    await waitFor(async () => {
-      h = await health(head.url);
-      return h.degraded !== undefined && h.state === 'error';
-    }, 10_000);
-    expect(h!.degraded!.failover).toMatchObject({ requested: 'none', policy: 'none' });
+    const h = await healthUntil<Health>(
+      head.url,
+      (x) => x.degraded !== undefined && x.state === 'error',
+      10_000,
+    );
+    expect(h.degraded!.failover).toMatchObject({ requested: 'none', policy: 'none' });
     const refused = await greedy(head.url, PROMPT);
     expect(refused.code).toBe('HYDRA_ERR_NO_MODEL');
     const back = await spawnEngine([], Number(peer.rpc.split(':')[1]));
     procs.push(back.child);
-    await waitFor(async () => {
-      const now = await health(head.url);
-      return now.state === 'ready' && now.status !== 'degraded';
-    }, 30_000);
+    await healthUntil<Health>(head.url, (x) => x.state === 'ready' && x.status !== 'degraded', 30_000);
     expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
     expect((await status(head.url)).mode).toBe('combined');
   }, 150_000);

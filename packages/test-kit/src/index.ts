@@ -15,7 +15,7 @@ export {
   type SpawnEngineOptions,
   spawnEngine,
 } from './engine.js';
-export { type Health, health, metrics, openFds, parseMetrics, rssBytes } from './metrics.js';
+export { type Health, health, healthUntil, metrics, openFds, parseMetrics, rssBytes } from './metrics.js';
 export { tinyModel } from './model.js';
 export { RPC_SERVER, type StockRpcServer, stockRpcServer } from './rpc-server.js';
 export { SseCompletion } from './sse.js';

@@ -1,4 +1,5 @@
 import { readdirSync, readFileSync } from 'node:fs';
+import { waitFor } from './wait.js';
 
 /** Parses Prometheus text into `name{labels}` -> value. */
 export function parseMetrics(text: string): Map<string, number> {
@@ -27,6 +28,28 @@ export interface Health {
 
 export async function health(url: string): Promise<Health> {
   return (await (await fetch(`${url}/health`)).json()) as Health;
+}
+
+/**
+ * Polls an engine's `/health` (every 20 ms) until `check` holds and resolves with that answer;
+ * throws `what: not met within N ms` at the time-out. `H` is the shape the caller reads.
+ */
+export async function healthUntil<H = Health>(
+  url: string,
+  check: (h: H) => boolean,
+  timeoutMs: number,
+  what = 'health',
+): Promise<H> {
+  let last: H | undefined;
+  await waitFor(
+    async () => {
+      last = (await (await fetch(`${url}/health`)).json()) as H;
+      return check(last);
+    },
+    timeoutMs,
+    what,
+  );
+  return last!;
 }
 
 /** Resident set size of `pid` in bytes (VmRSS of /proc/PID/status). */
