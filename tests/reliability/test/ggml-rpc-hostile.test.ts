@@ -465,6 +465,15 @@ async function open(eng: EngineProcess | number): Promise<Ctx> {
 }
 
 const floats = (f: (i: number) => number) => Buffer.from(new Float32Array(16).map((_, i) => f(i)).buffer);
+const f32Values = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
+
+type Ne = [number, number, number, number];
+/** A contiguous f32 tensor of shape `ne` at offset `at` of the session's buffer. */
+const f32At = (ctx: Ctx, id: bigint, at: bigint, ne: Ne): RpcTensor => ({
+  ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
+  ne,
+  nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+});
 
 /** A well-behaved session: set two tensors, compute their sum on the engine, read it back. */
 async function normalSession(eng: EngineProcess | number): Promise<void> {
@@ -667,27 +676,22 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
     const srv = await startGuardedServer({});
     try {
       const ctx = await open(srv.port);
-      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
-        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
-        ne,
-        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
-      });
+      const f32 = (id: bigint, at: bigint, ne: Ne) => f32At(ctx, id, at, ne);
       const a = f32(1n, 0n, [4, 2, 1, 1]); // 2 expert rows of 4
       const b = f32(2n, 64n, [4, 3, 1, 1]); // 3 experts' biases
       const ids: RpcTensor = { ...f32(3n, 128n, [2, 1, 1, 1]), type: GGML_TYPE_I32 };
-      const out = (ne: [number, number, number, number]): RpcTensor => ({
+      const out = (ne: Ne): RpcTensor => ({
         ...f32(4n, 256n, ne),
         op: GGML_OP_ADD_ID,
         src: [1n, 2n, 3n],
         flags: COMPUTE,
       });
-      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
-      ctx.conn.write(setTensor(a, 0n, floats([1, 2, 3, 4, 5, 6, 7, 8])));
-      ctx.conn.write(setTensor(b, 0n, floats([10, 10, 10, 10, 20, 20, 20, 20, 30, 30, 30, 30])));
+      ctx.conn.write(setTensor(a, 0n, f32Values([1, 2, 3, 4, 5, 6, 7, 8])));
+      ctx.conn.write(setTensor(b, 0n, f32Values([10, 10, 10, 10, 20, 20, 20, 20, 30, 30, 30, 30])));
       ctx.conn.write(setTensor(ids, 0n, Buffer.from(new Int32Array([2, 0]).buffer)));
       ctx.conn.write(graph(0, [4n], [a, b, ids, out([4, 2, 1, 1])]));
       ctx.conn.write(getTensor(out([4, 2, 1, 1]), 0n, 32n));
-      expect(await ctx.conn.reply()).toEqual(floats([31, 32, 33, 34, 15, 16, 17, 18]));
+      expect(await ctx.conn.reply()).toEqual(f32Values([31, 32, 33, 34, 15, 16, 17, 18]));
       ctx.conn.write(graph(0, [4n], [a, b, ids, out([4, 1, 1, 1])]));
       expect(await ctx.conn.waitClosed(3000)).toBe(true);
       expect((await srv.summaries[0]!).reason).toContain('ADD_ID: shapes');
@@ -700,11 +704,7 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
     const srv = await startGuardedServer({});
     try {
       const ctx = await open(srv.port);
-      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
-        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
-        ne,
-        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
-      });
+      const f32 = (id: bigint, at: bigint, ne: Ne) => f32At(ctx, id, at, ne);
       const w = f32(1n, 0n, [4, 2, 1, 1]);
       const x = f32(2n, 64n, [4, 0, 1, 1]);
       const mm = (id: bigint, src: bigint[], ne1: number): RpcTensor => ({
@@ -720,12 +720,11 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
       expect((await ctx.conn.reply())?.byteLength).toBe(8);
       // the same rows with one output row compute
       const x1 = f32(2n, 64n, [4, 1, 1, 1]);
-      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
-      ctx.conn.write(setTensor(w, 0n, floats([1, 0, 0, 0, 0, 1, 0, 0])));
-      ctx.conn.write(setTensor(x1, 0n, floats([5, 6, 7, 8])));
+      ctx.conn.write(setTensor(w, 0n, f32Values([1, 0, 0, 0, 0, 1, 0, 0])));
+      ctx.conn.write(setTensor(x1, 0n, f32Values([5, 6, 7, 8])));
       ctx.conn.write(graph(0, [4n], [w, x1, mm(4n, [1n, 2n], 1)]));
       ctx.conn.write(getTensor(mm(4n, [1n, 2n], 1), 0n, 8n));
-      expect(await ctx.conn.reply()).toEqual(floats([5, 6]));
+      expect(await ctx.conn.reply()).toEqual(f32Values([5, 6]));
       ctx.conn.write(graph(0, [4n], [w, unalloc, { ...mm(4n, [1n, 3n], 1), ne: [2, 1, 1, 1] }]));
       expect(await ctx.conn.waitClosed(3000)).toBe(true);
       expect((await srv.summaries[0]!).reason).toContain('MUL_MAT) reads src[1]');
@@ -753,25 +752,20 @@ describe('ggml-RPC session caps and timeouts (serveRpcFd limits)', () => {
     const srv = await startGuardedServer({});
     try {
       const ctx = await open(srv.port);
-      const f32 = (id: bigint, at: bigint, ne: [number, number, number, number]): RpcTensor => ({
-        ...f32Tensor(id, ctx.buf, ctx.base + at, 1),
-        ne,
-        nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
-      });
+      const f32 = (id: bigint, at: bigint, ne: Ne) => f32At(ctx, id, at, ne);
       const sx = f32(1n, 0n, [3, 1, 1, 1]); // d_conv - 1 + n_t = 3 columns of d_inner 1
       const c = f32(2n, 64n, [2, 1, 1, 1]); // d_conv 2
-      const out = (ne: [number, number, number, number]): RpcTensor => ({
+      const out = (ne: Ne): RpcTensor => ({
         ...f32(3n, 128n, ne),
         op: GGML_OP_SSM_CONV,
         src: [1n, 2n],
         flags: COMPUTE,
       });
-      const floats = (v: number[]) => Buffer.from(new Float32Array(v).buffer);
-      ctx.conn.write(setTensor(sx, 0n, floats([1, 2, 3])));
-      ctx.conn.write(setTensor(c, 0n, floats([10, 1])));
+      ctx.conn.write(setTensor(sx, 0n, f32Values([1, 2, 3])));
+      ctx.conn.write(setTensor(c, 0n, f32Values([10, 1])));
       ctx.conn.write(graph(0, [3n], [sx, c, out([1, 2, 1, 1])]));
       ctx.conn.write(getTensor(out([1, 2, 1, 1]), 0n, 8n));
-      expect(await ctx.conn.reply()).toEqual(floats([12, 23]));
+      expect(await ctx.conn.reply()).toEqual(f32Values([12, 23]));
       ctx.conn.write(graph(0, [3n], [sx, c, out([1, 3, 1, 1])]));
       expect(await ctx.conn.waitClosed(3000)).toBe(true);
       expect((await srv.summaries[0]!).reason).toContain('SSM_CONV: result shape');
