@@ -4,6 +4,10 @@
 //   native-port.cjs     benchmarks/gpu/native-port.mjs: the native boundary and merged port vs upstream
 //   second-context.cjs  benchmarks/gpu/second-context.mjs: the probe of the second-context drop
 //   serving.cjs         benchmarks/gpu/serving.mjs: prefill stall and concurrency vs llama-server
+//   rpc-breakdown.mjs   apps/engine/bench/rpc-breakdown-bench.mjs: the per-token ggml-RPC breakdown
+//   combine-failover.mjs apps/engine/bench/combine-failover-bench.mjs: failover and rejoin times
+//   spec-draft.mjs      apps/engine/bench/spec-draft-bench.mjs: speculative decoding vs llama-server -md
+//                       (ES modules: both await at top level, which CommonJS cannot)
 //   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
 //   rpc-host.js         native-ggml's ggml-RPC host process (the merged port's pool), where the bundled wrapper looks for it
 //   rpc-worker.js       its worker thread, where the bundled host looks for it
@@ -48,6 +52,18 @@ await build({
   entryPoints: [join(here, 'serving.mjs')],
   outfile: join(out, 'serving.cjs'),
 });
+for (const name of ['rpc-breakdown', 'combine-failover', 'spec-draft']) {
+  await build({
+    ...common,
+    format: 'esm',
+    define: {},
+    banner: {
+      js: "import { createRequire as __hydra_cr } from 'node:module'; const require = __hydra_cr(import.meta.url);",
+    },
+    entryPoints: [join(engineDir, `bench/${name}-bench.mjs`)],
+    outfile: join(out, `${name}.mjs`),
+  });
+}
 await build({
   ...common,
   entryPoints: [join(engineDir, 'dist/cli.js')],

@@ -10,13 +10,18 @@
 //   --head-env CUDA_VISIBLE_DEVICES=0 --peer-env CUDA_VISIBLE_DEVICES=1 --device RPC0,CUDA0
 //   (and --cap CUDA0=MiB so a 27B-class model does not fit SOLO: auto then takes offload).
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { freePort, summary } from './figures.mjs';
 
-const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
+// From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
+const CLI = [
+  new URL('../dist/cli.js', import.meta.url).pathname,
+  new URL('./cli.cjs', import.meta.url).pathname,
+].find((p) => existsSync(p));
+if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
 const argv = process.argv.slice(2);
 const one = (name, dflt) => {
   const i = argv.indexOf(name);
