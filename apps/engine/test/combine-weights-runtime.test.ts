@@ -8,7 +8,6 @@ import { freeLoopbackPort } from '../src/ports.js';
 import { spawnEngine } from './combine-helpers.js';
 import { engineWith, waitFor } from './helpers.js';
 
-/** Bytes on the peer when every layer and the output are remote: all but the token embeddings. */
 /**
  * True once a session ended since `served` and none is running or queued: a head opens probe
  * sessions beside its loading one, and the first probe to end must not stand for the load's total.
@@ -21,13 +20,14 @@ function sessionsEnded(
   return s.served > served && s.active === 0 && s.queued === 0;
 }
 
+/** Bytes on the peer when every layer and the output are remote: all but the token embeddings. */
 function wideShareBytes(): number {
   const h = synthHparams('llama', 'small-wide');
   const layer = (4 * h.nEmbd * h.nEmbd + 3 * h.nEmbd * h.nFf) * 2 + 2 * h.nEmbd * 4;
   return h.nLayer * layer + h.nEmbd * h.nVocab * 2 + h.nEmbd * 4;
 }
 
-// Issue 22: a bare peer (no model, no --rpc-weights) is told at run time which GGUF to index.
+// A bare peer (no model, no --rpc-weights) is told at run time which GGUF to index.
 describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)', () => {
   let wide: string;
   const open: { close(): Promise<void> }[] = [];
@@ -39,9 +39,10 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
     for (const e of open.reverse()) await e.close();
   });
 
-  it("a head's COMBINE load tells its Hydra peer the file: the peer receives at most 1% of its share", async () => {
+  // A Hydra peer in this process and a head as its own process with every layer of `wide` on it.
+  async function headOverPeer(peerFlags: string[]) {
     const rpcPort = await freeLoopbackPort();
-    const peer = await engineWith(['--rpc-port', String(rpcPort)]);
+    const peer = await engineWith(['--rpc-port', String(rpcPort), ...peerFlags]);
     open.push(peer);
     const before = peer.port!.stats().rpc;
     const head = await spawnEngine([
@@ -56,14 +57,12 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
       '-c',
       '256',
     ]);
-    open.push({
-      close: () =>
-        new Promise<void>((resolve) => {
-          if (head.child.exitCode !== null) return resolve();
-          head.child.once('exit', () => resolve());
-          head.child.kill('SIGTERM');
-        }),
-    });
+    return { peer, before, head };
+  }
+
+  it("a head's COMBINE load tells its Hydra peer the file: the peer receives at most 1% of its share", async () => {
+    const { peer, before, head } = await headOverPeer([]);
+    open.push({ close: () => head.stop() });
     const res = await fetch(`${head.url}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
@@ -83,27 +82,9 @@ describe('no weight transfer on a bare peer at run time (CONFIGURE rpc_weights)'
   }, 180_000);
 
   it('the control: a bare peer that refuses rpc_weights receives its whole share over the wire', async () => {
-    const rpcPort = await freeLoopbackPort();
-    const peer = await engineWith(['--rpc-port', String(rpcPort), '--no-configure-rpc-weights']);
-    open.push(peer);
-    const before = peer.port!.stats().rpc;
-    const head = await spawnEngine([
-      '-m',
-      wide,
-      '--rpc',
-      `127.0.0.1:${rpcPort}`,
-      '--device',
-      'RPC0',
-      '-ngl',
-      '99',
-      '-c',
-      '256',
-    ]);
+    const { peer, before, head } = await headOverPeer(['--no-configure-rpc-weights']);
     expect(head.log()).toMatch(/not told to index/);
-    await new Promise<void>((resolve) => {
-      head.child.once('exit', () => resolve());
-      head.child.kill('SIGTERM');
-    });
+    await head.stop();
     await waitFor(async () => sessionsEnded(peer, before.served), 10_000);
     const sent = peer.port!.stats().rpc.setTensorBytes - before.setTensorBytes;
     console.log(
