@@ -535,7 +535,7 @@ describe('engine keys, through CONFIGURE and the HTTP API', () => {
     await eng?.close();
   });
 
-  it('sampling.logit_bias: the issue 20 repro now changes a greedy completion', async () => {
+  it('sampling.logit_bias set by CONFIGURE changes a greedy completion', async () => {
     const body = { prompt: 'Once upon a time', max_tokens: 6, temperature: 0, return_tokens: true };
     const before = (await complete(eng.url, body)).json.choices[0].tokens as number[];
     const r = (await client.configure({ 'sampling.logit_bias': { '100': 100 } })) as unknown as Record<
