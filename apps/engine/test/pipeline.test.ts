@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { complete, metric } from './compare-helpers.js';
 import { engineWith, tinyModel, waitFor } from './helpers.js';
 
 // The decode loop queues step k+1 before step k ends (Engine #chain). Whatever ends a request early
@@ -26,41 +27,6 @@ afterAll(async () => {
   await piped?.close();
   await plain?.close();
 });
-
-interface Completion {
-  text: string;
-  finish: string;
-  completion: number;
-  cached: number;
-}
-
-async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
-  const res = await fetch(`${eng.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    // cache_prompt is on by default (as llama-server's): off unless a test asks, so both engines'
-    // slot caches (which differ after a cancel on one of them) do not enter the comparison.
-    body: JSON.stringify({ temperature: 0, cache_prompt: false, ...body }),
-  });
-  expect(res.status).toBe(200);
-  const json = (await res.json()) as {
-    choices: { text: string; finish_reason: string }[];
-    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
-  };
-  return {
-    text: json.choices[0]!.text,
-    finish: json.choices[0]!.finish_reason,
-    completion: json.usage.completion_tokens,
-    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
-  };
-}
-
-async function metric(eng: Eng, name: string): Promise<number> {
-  const text = await (await fetch(`${eng.url}/metrics`)).text();
-  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
-  if (!m) throw new Error(`${name} not in /metrics`);
-  return Number(m[1]);
-}
 
 describe('pipelined decode loop', () => {
   it('queues steps ahead only when pipelined (HYDRA_PIPELINE=0 turns it off)', async () => {

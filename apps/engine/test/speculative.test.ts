@@ -2,6 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { complete, metric } from './compare-helpers.js';
 import { engineWith, tinyModel } from './helpers.js';
 
 // n-gram speculative decoding (speculative.types ngram_simple) against the same engine without
@@ -32,39 +33,6 @@ afterAll(async () => {
   await spec?.close();
   await plain?.close();
 });
-
-interface Completion {
-  text: string;
-  finish: string;
-  completion: number;
-  cached: number;
-}
-
-async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
-  const res = await fetch(`${eng.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ temperature: 0, cache_prompt: false, ...body }),
-  });
-  expect(res.status).toBe(200);
-  const json = (await res.json()) as {
-    choices: { text: string; finish_reason: string }[];
-    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
-  };
-  return {
-    text: json.choices[0]!.text,
-    finish: json.choices[0]!.finish_reason,
-    completion: json.usage.completion_tokens,
-    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
-  };
-}
-
-async function metric(eng: Eng, name: string): Promise<number> {
-  const text = await (await fetch(`${eng.url}/metrics`)).text();
-  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
-  if (!m) throw new Error(`${name} not in /metrics`);
-  return Number(m[1]);
-}
 
 const REPETITIVE = 'one two three four one two three four one two three four one two three four one two';
 
