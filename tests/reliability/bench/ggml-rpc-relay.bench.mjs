@@ -156,40 +156,29 @@ for (let i = 0; ; i++) {
   if (i > 100) throw new Error('stock ggml-rpc-server did not start');
   await new Promise((r) => setTimeout(r, 100));
 }
+// The engine CLI with no model, serving its merged port on `port` (env: e.g. another addon build).
+const startEngine = (port, env = {}) =>
+  start(
+    process.execPath,
+    [
+      join(root, 'apps/engine/dist/cli.js'),
+      '--port',
+      '0',
+      '--progress',
+      'off',
+      '-t',
+      '1',
+      '--rpc-port',
+      String(port),
+    ],
+    /merged ggml-RPC\/Hydra port/,
+    env,
+  );
 const enginePort = await freePort();
-const engine = await start(
-  process.execPath,
-  [
-    join(root, 'apps/engine/dist/cli.js'),
-    '--port',
-    '0',
-    '--progress',
-    'off',
-    '-t',
-    '1',
-    '--rpc-port',
-    String(enginePort),
-  ],
-  /merged ggml-RPC\/Hydra port/,
-);
+const engine = await startEngine(enginePort);
 const basePort = process.env.BASE_ADDON ? await freePort() : 0;
 const base = process.env.BASE_ADDON
-  ? await start(
-      process.execPath,
-      [
-        join(root, 'apps/engine/dist/cli.js'),
-        '--port',
-        '0',
-        '--progress',
-        'off',
-        '-t',
-        '1',
-        '--rpc-port',
-        String(basePort),
-      ],
-      /merged ggml-RPC\/Hydra port/,
-      { HYDRA_NATIVE_ADDON: process.env.BASE_ADDON },
-    )
+  ? await startEngine(basePort, { HYDRA_NATIVE_ADDON: process.env.BASE_ADDON })
   : undefined;
 const res = { stock: [], port: [], base: [] };
 try {
