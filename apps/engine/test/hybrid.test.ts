@@ -177,9 +177,9 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s through the HTTP API', 
     );
   });
 
-  // A stock ggml-rpc-server as the peer: the Hydra peer's ggml-RPC guard refuses these graphs
-  // (SSM_CONV is not on its op allowlist; reported, not fixed here).
-  it('splits its layers with a stock ggml-RPC peer (4 of 8 blocks remote) with the SOLO tokens', async () => {
+  // A stock ggml-rpc-server as the peer; the same split onto a Hydra peer engine (whose ggml-RPC
+  // guard checks SSM_CONV and the other recurrent ops) is in hybrid-split.test.ts.
+  it('splits its layers with a stock ggml-RPC peer (-ngl 4: blocks 5-7 and the output remote) with the SOLO tokens', async () => {
     const solo = await complete(eng, { prompt: PROMPT, max_tokens: 16, ignore_eos: true });
     const server = await stockRpcServer({ threads: 1, timeoutMs: 10_000 });
     try {
