@@ -253,7 +253,7 @@ export const LLAMA_FLAGS: FlagSpec[] = [
     names: ['--spec-type'],
     key: 'speculative.types',
     kind: 'list',
-    help: 'speculative decoding: none, ngram-simple or draft-simple (other types are refused)',
+    help: 'speculative decoding: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache or draft-simple (draft-eagle3 and draft-mtp are refused)',
   },
   {
     names: ['-md', '--model-draft', '--spec-draft-model'],
@@ -302,6 +302,60 @@ export const LLAMA_FLAGS: FlagSpec[] = [
     key: 'speculative.ngram_size_m',
     kind: 'int',
     help: 'ngram-simple: most tokens guessed after a match (default 48)',
+  },
+  {
+    names: ['--spec-ngram-map-k-size-n'],
+    key: 'speculative.ngram_map_k.size_n',
+    kind: 'int',
+    help: 'ngram-map-k: length of the key n-gram (default 12)',
+  },
+  {
+    names: ['--spec-ngram-map-k-size-m'],
+    key: 'speculative.ngram_map_k.size_m',
+    kind: 'int',
+    help: 'ngram-map-k: length of the guessed m-gram (default 48)',
+  },
+  {
+    names: ['--spec-ngram-map-k-min-hits'],
+    key: 'speculative.ngram_map_k.min_hits',
+    kind: 'int',
+    help: 'ngram-map-k: occurrences of a key before it guesses (default 1)',
+  },
+  {
+    names: ['--spec-ngram-map-k4v-size-n'],
+    key: 'speculative.ngram_map_k4v.size_n',
+    kind: 'int',
+    help: 'ngram-map-k4v: length of the key n-gram (default 12)',
+  },
+  {
+    names: ['--spec-ngram-map-k4v-size-m'],
+    key: 'speculative.ngram_map_k4v.size_m',
+    kind: 'int',
+    help: 'ngram-map-k4v: length of the guessed m-gram (default 48)',
+  },
+  {
+    names: ['--spec-ngram-map-k4v-min-hits'],
+    key: 'speculative.ngram_map_k4v.min_hits',
+    kind: 'int',
+    help: 'ngram-map-k4v: occurrences of a key before it guesses (default 1)',
+  },
+  {
+    names: ['--spec-ngram-mod-n-match'],
+    key: 'speculative.ngram_mod.n_match',
+    kind: 'int',
+    help: 'ngram-mod: length of the hashed n-gram (default 24)',
+  },
+  {
+    names: ['--spec-ngram-mod-n-max'],
+    key: 'speculative.ngram_mod.n_max',
+    kind: 'int',
+    help: 'ngram-mod: most tokens guessed (default 64)',
+  },
+  {
+    names: ['--spec-ngram-mod-n-min'],
+    key: 'speculative.ngram_mod.n_min',
+    kind: 'int',
+    help: 'ngram-mod: a shorter guess is dropped (default 48)',
   },
 ];
 

@@ -100,7 +100,7 @@ export class EngineMetrics {
     );
     this.#counter(
       'hydra_spec_type_drafted_total',
-      'tokens guessed, by speculative.types (ngram_simple, draft_simple)',
+      'tokens guessed, by speculative.types (the n-gram types, draft_simple)',
       labelled('type', () => c.specByType.drafted),
       ['type'],
     );

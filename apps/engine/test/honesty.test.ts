@@ -218,6 +218,51 @@ const TABLE: Record<string, Check> = {
     file: './speculative-unit.test.ts',
     test: 'reads speculative.types and the n-gram sizes',
   },
+  'speculative.ngram_map_k.size_n': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_map_k.size_m': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_map_k.min_hits': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_map_k4v.size_n': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_map_k4v.size_m': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_map_k4v.min_hits': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_mod.n_match': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_mod.n_max': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
+  'speculative.ngram_mod.n_min': {
+    kind: 'covered',
+    file: './speculative-ngram.test.ts',
+    test: "the plain engine's greedy text, guesses accepted on repeating text",
+  },
 
   n_ctx: { kind: 'context', value: 1024, read: (i) => i.nCtx, want: 1024 },
   n_batch: { kind: 'context', value: 64, read: (i) => i.nBatch, want: 64 },

@@ -2170,6 +2170,7 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     hydra_combine_init(env, exports);
     hydra_embed_init(env, exports);
     hydra_draft_init(env, exports);
+    hydra_ngram_init(env, exports);
     return exports;
 }
 

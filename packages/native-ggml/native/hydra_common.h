@@ -178,5 +178,6 @@ void hydra_rpc_serve_init(Napi::Env env, Napi::Object exports);
 void hydra_combine_init(Napi::Env env, Napi::Object exports);
 void hydra_embed_init(Napi::Env env, Napi::Object exports);
 void hydra_draft_init(Napi::Env env, Napi::Object exports);  // hydra_draft.cpp: draft-model speculation
+void hydra_ngram_init(Napi::Env env, Napi::Object exports);  // hydra_ngram.cpp: upstream's n-gram drafters
 // ggml-RPC hash resolver over the weights index (hydra_combine.cpp), handed to every served session.
 const void * hydra_weights_resolve(void * user_data, uint64_t hash, size_t * size);

@@ -14,6 +14,21 @@ declare const samplerHandle: unique symbol;
 export type ModelHandle = { readonly [modelHandle]: true };
 export type ContextHandle = { readonly [contextHandle]: true };
 export type SamplerHandle = { readonly [samplerHandle]: true };
+declare const ngramHandle: unique symbol;
+export type NgramHandle = { readonly [ngramHandle]: true };
+
+/** llama.cpp's n-gram drafters other than ngram_simple (common/ngram-map, ngram-mod, ngram-cache). */
+export type NgramDrafterType = 'ngram_map_k' | 'ngram_map_k4v' | 'ngram_mod' | 'ngram_cache';
+
+/** Their settings: sizeN/sizeM/minHits for the maps, nMatch/nMax/nMin for ngram_mod, none for ngram_cache. */
+export interface NgramDrafterParams {
+  sizeN?: number;
+  sizeM?: number;
+  minHits?: number;
+  nMatch?: number;
+  nMax?: number;
+  nMin?: number;
+}
 
 export interface NativeDevice {
   name: string;
@@ -319,6 +334,12 @@ export interface NativeBinding {
   ): Promise<Int32Array>;
   /** Why `draft` cannot draft for `target` (upstream's vocab compatibility check), or "". */
   draftVocabMismatch(target: ModelHandle, draft: ModelHandle): string;
+  /** One of upstream's n-gram drafters for `nSeq` sequences (hydra_ngram.cpp). */
+  ngramCreate(type: NgramDrafterType, params: NgramDrafterParams, nSeq: number): NgramHandle;
+  ngramFree(h: NgramHandle): void;
+  ngramBegin(h: NgramHandle, seq: number, prompt: Int32Array): void;
+  ngramDraft(h: NgramHandle, seq: number, history: Int32Array, limit: number): Int32Array;
+  ngramAccept(h: NgramHandle, seq: number, nAccepted: number): void;
   /** Feeds each entry's tokens to the draft context, then drafts greedily (hydra_draft.cpp). */
   draftGenerate(
     ctx: ContextHandle,

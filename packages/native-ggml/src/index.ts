@@ -20,6 +20,9 @@ import {
   type NativeServeSummary,
   type NativeWeightsIndexAdded,
   type NativeWeightsIndexInfo,
+  type NgramDrafterParams,
+  type NgramDrafterType,
+  type NgramHandle,
   type PoolingType,
   type RpcCommandName,
   type SamplerHandle,
@@ -1008,3 +1011,49 @@ export type {
   NativeRpcTcp as RpcTcp,
   RpcCommandName,
 };
+
+export type { NgramDrafterParams, NgramDrafterType };
+
+/**
+ * One of llama.cpp's draft-free drafters (`ngram_map_k`, `ngram_map_k4v`, `ngram_mod`,
+ * `ngram_cache`: the pinned common/ code) for `nSeq` sequences, as common_speculative runs them:
+ * {@link begin} when a sequence's generation starts, {@link draft} before each step, {@link accept}
+ * after a non-empty draft was verified. ngram_mod's hash is shared by all sequences, as upstream's.
+ */
+export class NgramDrafter {
+  readonly type: NgramDrafterType;
+  readonly #binding: NativeBinding;
+  #handle: NgramHandle | undefined;
+
+  constructor(type: NgramDrafterType, params: NgramDrafterParams, nSeq: number) {
+    this.#binding = native();
+    this.type = type;
+    this.#handle = call(() => this.#binding.ngramCreate(type, params, nSeq));
+  }
+
+  #h(): NgramHandle {
+    if (!this.#handle) throw new HydraError('HYDRA_ERR_DISPOSED', 'ngram drafter was disposed');
+    return this.#handle;
+  }
+
+  /** Sequence `seq` starts generating after `prompt`. */
+  begin(seq: number, prompt: Int32Array): void {
+    call(() => this.#binding.ngramBegin(this.#h(), seq, prompt));
+  }
+
+  /** The guess after `history` (its last token is the one just sampled), at most `limit` tokens. */
+  draft(seq: number, history: Int32Array, limit: number): Int32Array {
+    return call(() => this.#binding.ngramDraft(this.#h(), seq, history, limit));
+  }
+
+  /** How many tokens of `seq`'s last non-empty draft the target confirmed. */
+  accept(seq: number, nAccepted: number): void {
+    call(() => this.#binding.ngramAccept(this.#h(), seq, nAccepted));
+  }
+
+  dispose(): void {
+    if (!this.#handle) return;
+    this.#binding.ngramFree(this.#handle);
+    this.#handle = undefined;
+  }
+}

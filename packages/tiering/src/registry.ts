@@ -82,7 +82,7 @@ const NO_CALLBACK = 'a native callback pointer; it cannot cross the wire';
 const NO_MULTIMODAL = 'multimodal (mtmd) input is not built into this engine';
 const NO_ADAPTERS = 'LoRA adapters and control vectors are not exposed by the native binding';
 const NO_SPECULATIVE =
-  'speculative decoding implements ngram_simple and draft_simple (a draft model, greedy chains) only';
+  'speculative decoding implements the n-gram types and draft_simple (a draft model, greedy chains) only';
 const NOT_SERVED = 'a llama-server setting this engine does not implement';
 const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
 const NO_THREADPOOL =
@@ -309,8 +309,11 @@ C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
 // Self-speculative (lookup n-gram) settings live with the context; a draft model is T3.
 C(
   'speculative.types',
-  // Of llama.cpp's types ngram_simple and draft_simple are implemented (the others are refused).
-  list(oneOf('none', 'ngram_simple', 'draft_simple'), 16),
+  // llama.cpp's types but the draft-model heads (draft_eagle3, draft_mtp: refused, oneOf names what is admitted).
+  list(
+    oneOf('none', 'ngram_simple', 'ngram_map_k', 'ngram_map_k4v', 'ngram_mod', 'ngram_cache', 'draft_simple'),
+    16,
+  ),
   ['none'],
   // llama-server's --spec-type spells them with hyphens (ngram-simple).
   {
@@ -330,6 +333,17 @@ C('speculative.p_min', num(0, 1), 0, { aliases: ['speculative.draft.p_min'] });
 C('speculative.ngram_size_n', int(1, 1024), 12);
 C('speculative.ngram_size_m', int(1, 1024), 48);
 C('speculative.ngram_min_hits', int(1, 65_535), 1, { unsupported: NO_SPECULATIVE });
+// ngram_map_k / ngram_map_k4v (common_params_speculative's ngram_map_k, ngram_map_k4v): key length,
+// guess length and the key's occurrences before it guesses.
+for (const t of ['ngram_map_k', 'ngram_map_k4v']) {
+  C(`speculative.${t}.size_n`, int(1, 1024), 12);
+  C(`speculative.${t}.size_m`, int(1, 1024), 48);
+  C(`speculative.${t}.min_hits`, int(1, 1024), 1);
+}
+// ngram_mod: hashed n-gram length, most and fewest tokens guessed.
+C('speculative.ngram_mod.n_match', int(1, 1024), 24);
+C('speculative.ngram_mod.n_max', int(0, 1024), 64);
+C('speculative.ngram_mod.n_min', int(0, 1024), 48);
 C('speculative.lookup_cache_static', str(4096), '', { unsupported: NO_SPECULATIVE });
 C('speculative.lookup_cache_dynamic', str(4096), '', { unsupported: NO_SPECULATIVE });
 

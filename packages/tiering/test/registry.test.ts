@@ -201,14 +201,30 @@ describe('fields the engine cannot honor', () => {
       'speculative.p_min',
       'speculative.ngram_size_n',
       'speculative.ngram_size_m',
+      'speculative.ngram_map_k.size_n',
+      'speculative.ngram_map_k.size_m',
+      'speculative.ngram_map_k.min_hits',
+      'speculative.ngram_map_k4v.size_n',
+      'speculative.ngram_map_k4v.size_m',
+      'speculative.ngram_map_k4v.min_hits',
+      'speculative.ngram_mod.n_match',
+      'speculative.ngram_mod.n_max',
+      'speculative.ngram_mod.n_min',
       'speculative.model',
       'speculative.n_gpu_layers',
       'speculative.devices',
     ]);
-    // Of the types, ngram_simple and draft_simple (and none) are implemented: the others are refused by name.
+    // Every n-gram type, draft_simple and none are implemented: the draft-model heads are refused by name.
     expect(plan(defaults(), { 'speculative.types': ['ngram_simple'] }).paramsApplied).toEqual({
       'speculative.types': ['ngram_simple'],
     });
+    expect(
+      plan(defaults(), { 'speculative.types': ['ngram-map-k', 'ngram-map-k4v', 'ngram-mod', 'ngram-cache'] })
+        .paramsApplied,
+    ).toEqual({ 'speculative.types': ['ngram_map_k', 'ngram_map_k4v', 'ngram_mod', 'ngram_cache'] });
+    expect(() => plan(defaults(), { 'speculative.types': ['draft_mtp'] })).toThrow(
+      expect.objectContaining({ keys: ['speculative.types'] }),
+    );
     expect(plan(defaults(), { 'speculative.types': ['draft-simple'] }).paramsApplied).toEqual({
       'speculative.types': ['draft_simple'],
     });

@@ -1,7 +1,14 @@
 // The scheduler: the bounded queue, the `n_parallel` slots and the continuous-batching loop that
 // assembles each decode step. It serves the model and context the runtime attaches and knows
 // nothing of how they were made; the runtime holds it (hold/whenIdle) around every rebuild.
-import type { Context, DecodeEntry, Model, Sampler, TokenProbs } from '@hydra-engine/native-ggml';
+import {
+  type Context,
+  type DecodeEntry,
+  type Model,
+  NgramDrafter,
+  type Sampler,
+  type TokenProbs,
+} from '@hydra-engine/native-ggml';
 import { HydraError } from '../errors.js';
 import {
   CheckpointList,
@@ -12,7 +19,14 @@ import {
 import { EmbedQueue } from './embed-queue.js';
 import { TextOutput, type TokenProb } from './output.js';
 import { decodeSlotState, encodeSlotState } from './slot-state.js';
-import { mayGuessAfter, ngramDraft, SpecTally, type SpeculativeSettings, speculable } from './speculative.js';
+import {
+  isNativeNgram,
+  mayGuessAfter,
+  ngramDraft,
+  SpecTally,
+  type SpeculativeSettings,
+  speculable,
+} from './speculative.js';
 import type {
   EngineCounters,
   FinishReason,
@@ -66,6 +80,8 @@ interface Job {
         pending: number;
         /** The draft model's guess for the next step (draft_simple), made before it is assembled. */
         next?: number[];
+        /** Upstream's drafter of the other n-gram types, this job's slot one of its sequences. */
+        drafter?: NgramDrafter;
       }
     | undefined;
   /** Prompt checkpoints this job takes (recurrent or hybrid memory, cache_prompt), else undefined. */
@@ -162,6 +178,11 @@ export class Scheduler {
   #draft: Context | undefined;
   /** Per slot: the tokens whose KV the draft context's sequence holds. */
   #draftKv: number[][] = [];
+  /**
+   * The n-gram drafter of the settings in force (one sequence per slot), replaced when they change;
+   * a job keeps the one it started with, and a dropped one is freed by its finalizer.
+   */
+  #ngram: { key: string; drafter: NgramDrafter } | undefined;
   /** Who holds admission (see {@link hold}), by token, with the reason and since when. */
   readonly #holders = new Map<number, { reason: string; since: number }>();
   #holdSeq = 0;
@@ -648,6 +669,10 @@ export class Scheduler {
       const spec = unspeculable ? undefined : this.#speculative();
       if (spec && (spec.type !== 'draft_simple' || this.#draft !== undefined))
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
+      if (job.spec && isNativeNgram(spec!)) {
+        job.spec.drafter = this.#ngramDrafter(spec);
+        job.spec.drafter.begin(i, job.prompt);
+      }
       this.#specTally[i] = job.spec?.tally;
       this.#slots[i] = job;
     }
@@ -932,7 +957,7 @@ export class Scheduler {
       if (
         spec &&
         !spec.tally.pausedAt(job.generated.length + 1) &&
-        (spec.settings.type === 'draft_simple' || mayGuessAfter(spec.history, spec.settings))
+        (spec.settings.type !== 'ngram_simple' || mayGuessAfter(spec.history, spec.settings))
       )
         return undefined;
       // At its token limit once `step` ends (the limit is clipped to the slot's context): it
@@ -987,6 +1012,15 @@ export class Scheduler {
    * The guess for `job`'s next step (n-gram lookup in its own history): none when speculation is
    * off or paused for it, and never past its token limit, its context or one step's budget.
    */
+  #ngramDrafter(s: Extract<SpeculativeSettings, { type: NgramDrafter['type'] }>): NgramDrafter {
+    const key = `${JSON.stringify(s)}/${this.#slots.length}`;
+    if (this.#ngram?.key !== key) {
+      const { type, ...params } = s;
+      this.#ngram = { key, drafter: new NgramDrafter(type, params, this.#slots.length) };
+    }
+    return this.#ngram.drafter;
+  }
+
   #draftFor(job: Job): number[] {
     const spec = job.spec;
     if (!spec || !spec.tally.mayDraft(job.generated.length)) return [];
@@ -998,7 +1032,9 @@ export class Scheduler {
     const draft =
       spec.settings.type === 'ngram_simple'
         ? ngramDraft(spec.history, spec.settings, limit)
-        : (spec.next ?? []).slice(0, Math.max(0, limit));
+        : spec.drafter
+          ? Array.from(spec.drafter.draft(job.slot, Int32Array.from(spec.history), limit))
+          : (spec.next ?? []).slice(0, Math.max(0, limit));
     spec.next = undefined;
     spec.pending = draft.length;
     return draft;
@@ -1015,6 +1051,7 @@ export class Scheduler {
     spec.tally.record(spec.pending, run.length - 1, job.generated.length + run.length);
     this.#counters.specAccepted += run.length - 1;
     this.#counters.specByType.accepted[spec.settings.type]! += run.length - 1;
+    spec.drafter?.accept(job.slot, run.length - 1);
     spec.pending = 0;
     let taken = 0;
     for (const token of run) {

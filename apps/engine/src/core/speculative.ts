@@ -1,7 +1,8 @@
 // Speculative decoding settings and the pure parts (no native calls): llama.cpp's `ngram_simple`
-// guesses the next tokens of a slot from its own history (a draft model's guesses come from
-// draft.ts), and a per-slot tally turns guessing off when the target keeps rejecting them, so a
-// slot whose text the guesser cannot follow pays nothing for it.
+// guesses the next tokens of a slot from its own history, the other n-gram types are upstream's
+// drafters in the addon (NgramDrafter), a draft model's guesses come from draft.ts, and a per-slot
+// tally turns guessing off when the target keeps rejecting them, so a slot whose text the guesser
+// cannot follow pays nothing for it.
 import type { SamplerParams } from '@hydra-engine/native-ggml';
 import type { Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
@@ -16,6 +17,30 @@ export type SpeculativeSettings =
       sizeM: number;
     }
   | {
+      /** Upstream's ngram-map-k (keys only) and ngram-map-k4v (up to 4 values per key) drafters. */
+      type: 'ngram_map_k' | 'ngram_map_k4v';
+      /** Length of the key n-gram (`speculative.ngram_map_k.size_n`, `...k4v.size_n`). */
+      sizeN: number;
+      /** Length of the guessed m-gram (`.size_m`). */
+      sizeM: number;
+      /** Occurrences of a key before it is used (`.min_hits`). */
+      minHits: number;
+    }
+  | {
+      /** Upstream's ngram-mod: a hashed n-gram -> next-token table shared by all slots. */
+      type: 'ngram_mod';
+      /** Length of the hashed n-gram (`speculative.ngram_mod.n_match`). */
+      nMatch: number;
+      /** Most tokens guessed (`.n_max`). */
+      nMax: number;
+      /** A shorter guess is dropped (`.n_min`). */
+      nMin: number;
+    }
+  | {
+      /** Upstream's ngram-cache (lookup decoding over the slot's own n-grams of 1 to 4 tokens). */
+      type: 'ngram_cache';
+    }
+  | {
       /** A draft model guesses (`speculative.model`; llama.cpp's draft-simple). */
       type: 'draft_simple';
       /** Most tokens drafted per step (`speculative.n_max`). */
@@ -28,7 +53,29 @@ export type SpeculativeSettings =
 
 /** Most guessed tokens one step of a slot may carry under `s` (what its outputs are sized for). */
 export function maxGuess(s: SpeculativeSettings): number {
-  return s.type === 'ngram_simple' ? s.sizeM : s.nMax;
+  switch (s.type) {
+    case 'ngram_simple':
+    case 'ngram_map_k':
+    case 'ngram_map_k4v':
+      return s.sizeM;
+    case 'ngram_cache':
+      return NGRAM_CACHE_DRAFT;
+    default:
+      return s.nMax;
+  }
+}
+
+/** ngram-cache's guess length, fixed upstream (common/speculative.cpp, create_state_ngram_cache). */
+export const NGRAM_CACHE_DRAFT = 8;
+
+/** The types whose guesses come from the addon's n-gram drafters (NgramDrafter). */
+export const NATIVE_NGRAM_TYPES = ['ngram_map_k', 'ngram_map_k4v', 'ngram_mod', 'ngram_cache'] as const;
+export type NativeNgramType = (typeof NATIVE_NGRAM_TYPES)[number];
+
+export function isNativeNgram(
+  s: SpeculativeSettings,
+): s is Extract<SpeculativeSettings, { type: NativeNgramType }> {
+  return (NATIVE_NGRAM_TYPES as readonly string[]).includes(s.type);
 }
 
 /**
@@ -41,11 +88,12 @@ export function speculativeFrom(cfg: Params | undefined): SpeculativeSettings | 
   const model = (cfg['speculative.model'] as string | undefined) ?? '';
   if (types.length === 0 && model !== '') types = ['draft_simple'];
   if (types.length === 0) return undefined;
-  // The registry only admits none, ngram_simple and draft_simple; anything else is a wiring bug.
-  if (types.some((t) => t !== 'ngram_simple' && t !== 'draft_simple') || new Set(types).size > 1) {
+  // The registry only admits the implemented types; anything else is a wiring bug.
+  const known = ['ngram_simple', 'draft_simple', ...NATIVE_NGRAM_TYPES] as string[];
+  if (types.some((t) => !known.includes(t)) || new Set(types).size > 1) {
     throw new HydraError(
       'HYDRA_ERR_UNSUPPORTED_FIELD',
-      `speculative.types ${types.join(',')}: one type at a time (ngram_simple or draft_simple) is implemented`,
+      `speculative.types ${types.join(',')}: one type at a time (${known.join(', ')}) is implemented`,
       { keys: ['speculative.types'] },
     );
   }
@@ -64,9 +112,26 @@ export function speculativeFrom(cfg: Params | undefined): SpeculativeSettings | 
   if (model !== '')
     throw new HydraError(
       'HYDRA_ERR_UNSUPPORTED_FIELD',
-      'speculative.model with speculative.types ngram_simple: one type at a time is implemented',
+      `speculative.model with speculative.types ${types[0]}: one type at a time is implemented`,
       { keys: ['speculative.model', 'speculative.types'] },
     );
+  const t = types[0];
+  const num = (key: string, dflt: number) => (cfg[key] as number | undefined) ?? dflt;
+  if (t === 'ngram_map_k' || t === 'ngram_map_k4v')
+    return {
+      type: t,
+      sizeN: num(`speculative.${t}.size_n`, 12),
+      sizeM: num(`speculative.${t}.size_m`, 48),
+      minHits: num(`speculative.${t}.min_hits`, 1),
+    };
+  if (t === 'ngram_mod')
+    return {
+      type: t,
+      nMatch: num('speculative.ngram_mod.n_match', 24),
+      nMax: num('speculative.ngram_mod.n_max', 64),
+      nMin: num('speculative.ngram_mod.n_min', 48),
+    };
+  if (t === 'ngram_cache') return { type: t };
   return {
     type: 'ngram_simple',
     sizeN: (cfg['speculative.ngram_size_n'] as number | undefined) ?? 12,

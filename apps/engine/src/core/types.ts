@@ -89,7 +89,7 @@ export interface EngineCounters {
   /** Speculative decoding: tokens guessed, and those of them the model confirmed. */
   specDrafted: number;
   specAccepted: number;
-  /** The same two by speculative.types (ngram_simple, draft_simple). */
+  /** The same two by speculative.types (ngram_simple, the other n-gram types, draft_simple). */
   specByType: { drafted: Record<string, number>; accepted: Record<string, number> };
   loadSeconds: number;
   rejectedQueueFull: number;
@@ -184,8 +184,22 @@ export function newCounters(): EngineCounters {
     specDrafted: 0,
     specAccepted: 0,
     specByType: {
-      drafted: { ngram_simple: 0, draft_simple: 0 },
-      accepted: { ngram_simple: 0, draft_simple: 0 },
+      drafted: {
+        ngram_simple: 0,
+        ngram_map_k: 0,
+        ngram_map_k4v: 0,
+        ngram_mod: 0,
+        ngram_cache: 0,
+        draft_simple: 0,
+      },
+      accepted: {
+        ngram_simple: 0,
+        ngram_map_k: 0,
+        ngram_map_k4v: 0,
+        ngram_mod: 0,
+        ngram_cache: 0,
+        draft_simple: 0,
+      },
     },
     loadSeconds: 0,
     rejectedQueueFull: 0,
