@@ -226,6 +226,10 @@ export async function chatReply(
   // Text the format cannot read is given back as content, as llama-server does for a final reply
   // it fails to parse with tool calls off.
   if (!msg) return { message: { role: 'assistant', content: text }, finishReason };
+  // llama-server keeps its last non-empty parse; with none (the text parsed to nothing, e.g. only
+  // whitespace before a call that never came) the reply is the raw text.
+  if (msg.content === '' && msg.reasoningContent === '' && msg.toolCalls.length === 0)
+    return { message: { role: 'assistant', content: text }, finishReason };
   const toolCalls: OpenAiToolCall[] = msg.toolCalls.map((c) => ({
     id: c.id || toolCallId(),
     type: 'function',

@@ -19,7 +19,11 @@ const jobs = String(Number(process.env.HYDRA_BUILD_JOBS) || availableParallelism
 
 prepareUpstream();
 
-const defines = [`--CDNODE_ADDON_API_DIR=${dirname(require.resolve('node-addon-api/package.json'))}`];
+const defines = [
+  `--CDNODE_ADDON_API_DIR=${dirname(require.resolve('node-addon-api/package.json'))}`,
+  // Explicit both ways: a build folder configured before the default changed has OFF in its cache.
+  `--CDHYDRA_SERVER_TOOLS=${process.env.HYDRA_SERVER_TOOLS === '0' ? 'OFF' : 'ON'}`,
+];
 // -march=native is off by default: on this project's VMs the CPU advertises AMX, which the
 // hypervisor does not enable, and q8_0 weights then die of SIGILL in ggml's AMX path. The portable
 // x86-64-v3 set (AVX2, FMA, F16C, BMI2) runs everywhere CI and the device machine do.

@@ -22,6 +22,14 @@ import { chatTemplateOptions, generationSettings, stopType } from './llama.js';
 import { badRequest, type RouteContext, type RouteModule, sendError, sendJson } from './plumbing.js';
 import { ResponsesStream, responseObject, responseOutput } from './responses.js';
 
+/** common_reasoning_format_name of each --reasoning-format (auto resolves to deepseek upstream). */
+const REASONING_NAMES: Record<string, string> = {
+  none: 'none',
+  auto: 'deepseek',
+  deepseek: 'deepseek',
+  'deepseek-legacy': 'deepseek-legacy',
+};
+
 /** llama-server's `timings` of a native answer (server_slot_stats::to_json). */
 function nativeTimings(
   result: GenerationResult,
@@ -119,6 +127,20 @@ function nativeFinal(
       n_ctx: nCtx,
       model,
       ...generationSettings(settings, { stop: params.stop, stream }),
+      // The rest of llama-server's params.to_json, as a native completion has them: no chat
+      // parsing, an eager grammar, host sampling, no adapters.
+      chat_format: 'Content-only',
+      reasoning_format: REASONING_NAMES[ctx.opts.reasoningFormat ?? 'auto'] ?? ctx.opts.reasoningFormat,
+      reasoning_in_content: false,
+      generation_prompt: '',
+      grammar_lazy: false,
+      grammar_triggers: [],
+      preserved_tokens: [],
+      'speculative.types': ((settings['speculative.types'] as string[] | undefined) ?? ['none']).join(','),
+      timings_per_token: false,
+      post_sampling_probs: body.post_sampling_probs === true,
+      backend_sampling: false,
+      lora: [],
     },
     prompt: prompt.text,
     has_new_line: result.text.includes('\n'),
@@ -778,10 +800,28 @@ export async function complete(
       };
     }),
   );
+  // llama-server's extensions of OpenAI's answer: its build as the fingerprint and the first
+  // choice's timings (scripts read tokens per second from them).
+  const ended = performance.now();
+  const c0 = choices[0]!;
+  const timings = nativeTimings(
+    r0,
+    Math.max(0, (c0.firstToken ?? ended) - submitted - r0.queueMs),
+    ended - (c0.firstToken ?? ended),
+  );
   sendJson(
     res,
     200,
-    { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices: out, usage },
+    {
+      id,
+      object: chat ? 'chat.completion' : 'text_completion',
+      created,
+      model,
+      ...(ctx.opts.build !== undefined ? { system_fingerprint: ctx.opts.build } : {}),
+      choices: out,
+      usage,
+      timings,
+    },
     headers,
   );
 }

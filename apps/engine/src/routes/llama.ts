@@ -126,7 +126,10 @@ export function generationSettings(
     n_discard: 0,
     ignore_eos: s('ignore_eos'),
     stream: request?.stream ?? true,
-    logit_bias: s('logit_bias') ?? {},
+    // llama-server's shape: [{bias, token}], bias null for "never" (its -INFINITY).
+    logit_bias: Object.entries((s('logit_bias') as Record<string, number> | undefined) ?? {}).map(
+      ([token, bias]) => ({ bias: bias <= -1e9 ? null : bias, token: Number(token) }),
+    ),
     n_probs: s('n_probs') ?? 0,
     min_keep: s('min_keep'),
     grammar: s('grammar') ?? '',
