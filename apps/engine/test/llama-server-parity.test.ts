@@ -143,8 +143,8 @@ function chatResult(j: any) {
     })),
     finish: c.finish_reason,
     prompt_tokens: j.usage.prompt_tokens,
-    // When the turn ends on an end-of-generation token llama-server counts that token, the engine
-    // does not (OpenAI's count): equal only for finish "length".
+    // When the turn ends on an end-of-generation token or a grammar's end, llama-server's count is
+    // 1-2 higher (it counts the end token); equal only for finish "length".
     completion_tokens: c.finish_reason === 'length' ? j.usage.completion_tokens : undefined,
   };
 }
