@@ -86,6 +86,11 @@ export class Engine {
         max: options.layers.get('n_ctx_checkpoints') as number,
         minStep: options.layers.get('checkpoint_min_step') as number,
       }),
+      // Read at each submission, as llama-server reads --context-shift / --keep per slot.
+      contextShift: () => ({
+        on: options.layers.get('ctx_shift') as boolean,
+        nKeep: options.layers.get('n_keep') as number,
+      }),
     });
     this.#runtime = new Runtime({
       layers: options.layers,

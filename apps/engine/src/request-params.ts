@@ -74,7 +74,6 @@ export const REFUSED_FIELDS: Readonly<Record<string, { neutral: (v: unknown) => 
     timings_per_token: { neutral: (v) => v === false, why: 'per-token timings are not returned' },
     return_progress: { neutral: (v) => v === false, why: 'prompt progress is not streamed' },
     n_indent: { neutral: (v) => v === 0, why: 'indentation stops are not implemented' },
-    n_keep: { neutral: (v) => v === 0, why: 'context shift (n_keep) is not implemented' },
     grammar_lazy: { neutral: (v) => v === false, why: 'lazy grammars are not implemented' },
     grammar_triggers: { neutral: emptyList, why: 'lazy grammars are not implemented' },
     preserved_tokens: { neutral: emptyList, why: 'lazy grammars are not implemented' },
@@ -245,6 +244,8 @@ export interface RequestSettings {
   fields: { grammar: string; logit_bias: string; samplers: string };
   /** Token probabilities to report (see {@link probsFrom}); undefined: none. */
   probs: ProbsRequest | undefined;
+  /** llama-server's per-request `n_keep` for a context shift (-1: the whole prompt); undefined: not given. */
+  nKeep: number | undefined;
 }
 
 /** OpenAI's bound on `top_logprobs` (and here on completions' `logprobs`). */
@@ -353,6 +354,9 @@ export function requestSettings(
     throw new HydraError(code, e.message, { keys, cause: err });
   }
   const effective = { ...inForce, ...t1 };
+  const nKeep = body.n_keep;
+  if (given(nKeep) && (!Number.isInteger(nKeep) || (nKeep as number) < -1))
+    throw badValue('n_keep must be an integer >= -1', 'n_keep');
   const probs = probsFrom(
     body,
     options.logprobs ?? 'count',
@@ -371,6 +375,7 @@ export function requestSettings(
       samplers: 'samplers',
     },
     probs,
+    nKeep: given(nKeep) ? (nKeep as number) : undefined,
   };
 }
 

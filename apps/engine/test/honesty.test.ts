@@ -39,8 +39,11 @@ type Check =
       read?: (m: Model) => unknown;
       want?: unknown;
       fails?: string;
-      /** Load this file instead (NAN_MODEL: a copy with a NaN in one weight); it must load without the key. */
-      file?: 'NAN_MODEL';
+      /**
+       * Load this file instead (NAN_MODEL: a copy with a NaN in one weight; Q4_MODEL: the tiny model
+       * in q4_0, which the CPU backend repacks); without the key it must load, and `read` differ.
+       */
+      file?: 'NAN_MODEL' | 'Q4_MODEL';
     }
   /**
    * Reaches the native parameters llama.cpp is given (`field` equals `want`, and llama.cpp accepts
@@ -270,6 +273,38 @@ const TABLE: Record<string, Check> = {
   n_parallel: { kind: 'context', value: 3, read: (i) => i.nSeqMax, want: 3 },
   'cpuparams.n_threads': { kind: 'context', value: 2, read: (i) => i.nThreads, want: 2 },
   'cpuparams_batch.n_threads': { kind: 'context', value: 3, read: (i) => i.nThreadsBatch, want: 3 },
+  ctx_shift: {
+    kind: 'covered',
+    file: './context-shift.test.ts',
+    test: 'ctx_shift: a generation goes on past the slot context',
+  },
+  n_keep: {
+    kind: 'covered',
+    file: './context-shift.test.ts',
+    test: 'n_keep: the tokens kept on a shift change what follows',
+  },
+  // A decoder read without its causal mask: every prompt position sees the later ones too.
+  attention_type: { kind: 'context', value: 'non_causal' },
+  'cpuparams.cpumask': {
+    kind: 'covered',
+    file: './cpu-placement.test.ts',
+    test: 'cpumask pins the compute threads',
+  },
+  'cpuparams.strict_cpu': {
+    kind: 'covered',
+    file: './cpu-placement.test.ts',
+    test: 'strict_cpu gives each compute thread one CPU of the mask',
+  },
+  'cpuparams_batch.cpumask': {
+    kind: 'covered',
+    file: './cpu-placement.test.ts',
+    test: 'the batch group takes its own mask for prompts',
+  },
+  'cpuparams_batch.strict_cpu': {
+    kind: 'covered',
+    file: './cpu-placement.test.ts',
+    test: 'the batch group takes its own mask for prompts',
+  },
   kv_unified: {
     kind: 'context',
     value: true,
@@ -326,6 +361,18 @@ const TABLE: Record<string, Check> = {
   // Mapped weights sit in llama.cpp's CPU_Mapped buffer; read ones in a plain CPU buffer.
   use_mmap: { kind: 'model', value: false, read: weightBuffers, want: ['CPU'] },
   use_mlock: { kind: 'passed', value: true, field: 'useMlock', want: true, why: 'no getter; same weights' },
+  // Direct I/O reads the file (unbuffered where the filesystem allows O_DIRECT), so even with
+  // use_mmap on the weights land in a plain CPU buffer instead of the mapping.
+  use_direct_io: { kind: 'model', value: true, read: weightBuffers, want: ['CPU'] },
+  // Repackable q4_0 weights go to CPU_REPACK unless extra buffer types are off.
+  no_extra_bufts: { kind: 'model', value: true, read: weightBuffers, want: ['CPU_Mapped'], file: 'Q4_MODEL' },
+  no_host: {
+    kind: 'passed',
+    value: true,
+    field: 'noHost',
+    want: true,
+    why: 'a host buffer type exists only beside a GPU device',
+  },
   // A NaN written into a weight: llama.cpp's tensor validation refuses the file, a plain load takes it.
   check_tensors: { kind: 'model', value: true, fails: 'HYDRA_ERR_LOAD_FAILED', file: 'NAN_MODEL' },
   override_tensors: {
@@ -369,6 +416,7 @@ const dir = mkdtempSync(join(tmpdir(), 'hydra-honesty-'));
 let path: string;
 let other: string;
 let nanModel: string;
+let q4Model: string;
 let model: Model;
 
 beforeAll(async () => {
@@ -377,6 +425,8 @@ beforeAll(async () => {
   other = join(dir, 'other.gguf');
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 7, out: path });
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 8, out: other });
+  q4Model = join(dir, 'q4.gguf');
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q4_0', seed: 7, out: q4Model });
   model = await Model.load({ path, nGpuLayers: 0 });
   // The same model with one f32 weight set to NaN (its data offset read from the GGUF header).
   nanModel = join(dir, 'nan.gguf');
@@ -522,10 +572,16 @@ describe('every registry key takes effect or is refused', () => {
       const c = check as Extract<Check, { kind: 'model' }>;
       const value = c.value === 'OTHER_MODEL' ? other : c.value;
       const cfg = config(key, value);
-      const file = c.file === 'NAN_MODEL' ? nanModel : path;
+      const file = c.file === 'NAN_MODEL' ? nanModel : c.file === 'Q4_MODEL' ? q4Model : path;
       const params = modelParamsFrom(cfg, key === 'model' ? (cfg.model as string) : file);
-      if (c.file)
-        (await Model.load({ ...modelParamsFrom(config(key, undefined), file), nGpuLayers: 0 })).dispose();
+      if (c.file) {
+        const plain = await Model.load({ ...modelParamsFrom(config(key, undefined), file), nGpuLayers: 0 });
+        try {
+          if (c.read) expect(await c.read(plain)).not.toEqual(c.want);
+        } finally {
+          plain.dispose();
+        }
+      }
       if (c.fails) {
         await expect(Model.load({ ...params, nGpuLayers: 0 })).rejects.toMatchObject({ code: c.fails });
         return;
@@ -723,9 +779,9 @@ describe('per-request fields and refusals at every door', () => {
   });
 
   it('PLAN and the YAML config refuse what CONFIGURE refuses', async () => {
-    await expect(client.plan({ ctx_shift: true })).rejects.toMatchObject({
+    await expect(client.plan({ n_outputs_max: 8 })).rejects.toMatchObject({
       code: 'HYDRA_ERR_UNSUPPORTED_FIELD',
-      keys: ['ctx_shift'],
+      keys: ['n_outputs_max'],
     });
     const yaml = join(dir, 'refused.yaml');
     writeFileSync(yaml, `model: ${path}\nspeculative:\n  p_split: 0.2\n`);

@@ -8,6 +8,8 @@
 #include "ggml-rpc.h"
 #include "llama-ext.h"  // llama_get_memory_breakdown: what llama.cpp allocated, per buffer type
 
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 #include <algorithm>
 
@@ -98,6 +100,10 @@ static void context_destroy(hydra_context * c) {
     if (c->ctx) {
         llama_batch_free(c->batch);
         llama_free(c->ctx);
+        if (c->threadpool_free != nullptr) {  // after llama_free: the context computes on them until then
+            if (c->threadpool != nullptr) c->threadpool_free(c->threadpool);
+            if (c->threadpool_batch != nullptr) c->threadpool_free(c->threadpool_batch);
+        }
         for (auto & [seq, owned] : c->attached) {
             if (owned.clone) {
                 llama_sampler_free(owned.clone);
@@ -367,7 +373,10 @@ struct model_load_args {
     std::vector<llama_model_kv_override> kv_overrides;          // empty-key-terminated when used
     bool use_mmap = true;
     bool use_mlock = false;
+    bool use_direct_io = false;
     bool check_tensors = false;
+    bool no_extra_bufts = false;
+    bool no_host = false;
 };
 
 struct load_progress_state {
@@ -421,7 +430,11 @@ public:
         }
         mp.load_mode = args->use_mmap ? (args->use_mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MMAP)
                                       : (args->use_mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
+        // As common_params_to_llama: direct I/O reads the file unbuffered and wins over mmap/mlock.
+        if (args->use_direct_io) mp.load_mode = LLAMA_LOAD_MODE_DIRECT_IO;
         mp.check_tensors = args->check_tensors;
+        mp.use_extra_bufts = !args->no_extra_bufts;
+        mp.no_host = args->no_host;
         mp.progress_callback = model_load_progress;
         mp.progress_callback_user_data = st.get();
         log_errors_take();
@@ -559,7 +572,10 @@ static Napi::Value model_load(const Napi::CallbackInfo & info) {
     }
     args->use_mmap = arg_bool(p, "useMmap", true);
     args->use_mlock = arg_bool(p, "useMlock", false);
+    args->use_direct_io = arg_bool(p, "useDirectIo", false);
     args->check_tensors = arg_bool(p, "checkTensors", false);
+    args->no_extra_bufts = arg_bool(p, "noExtraBufts", false);
+    args->no_host = arg_bool(p, "noHost", false);
 
     auto st = std::make_shared<load_progress_state>();
     if (info.Length() > 1 && info[1].IsFunction()) {
@@ -1116,10 +1132,62 @@ static enum ggml_type kv_type_from_name(Napi::Env env, const std::string & name)
     hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "unknown KV cache type '" + name + "'");
 }
 
+// CPU placement of one thread group (cpuparams / cpuparams_batch), as common_cpu_params holds it.
+struct cpu_placement {
+    bool mask_valid = false;
+    bool mask[GGML_MAX_N_THREADS] = {};
+    bool strict = false;
+};
+
+// A hex mask, lowest bit CPU 0, as common's parse_cpu_mask reads --cpu-mask.
+static cpu_placement cpu_placement_from(Napi::Env env, const Napi::Object & p, const char * mask_key, const char * strict_key) {
+    cpu_placement out;
+    std::string hex = arg_string(p, mask_key);
+    if (hex.rfind("0x", 0) == 0 || hex.rfind("0X", 0) == 0) hex = hex.substr(2);
+    for (size_t i = 0; i < hex.size(); i++) {
+        const char ch = hex[hex.size() - 1 - i];
+        const int v = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (v < 0) hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string("params.") + mask_key + " must be a hex CPU mask");
+        for (int b = 0; b < 4; b++) {
+            if (((v >> b) & 1) == 0) continue;
+            if (i * 4 + b >= GGML_MAX_N_THREADS) {
+                hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, std::string("params.") + mask_key + " names a CPU past GGML_MAX_N_THREADS");
+            }
+            out.mask[i * 4 + b] = true;
+            out.mask_valid = true;
+        }
+    }
+    out.strict = arg_bool(p, strict_key, false);
+    return out;
+}
+
+// With OpenMP, ggml applies a threadpool's mask to libgomp's process-wide workers at every compute
+// and never undoes it, so once any context was placed, every later context gets a pool with the
+// process's own mask: threads pinned by a gone context must not stay pinned for the next one.
+static std::atomic<bool> cpu_placement_used{false};
+
+static ggml_threadpool_params threadpool_params_of(const cpu_placement & cpu, int32_t n_threads) {
+    ggml_threadpool_params t;
+    ggml_threadpool_params_init(&t, n_threads);
+    if (cpu.mask_valid) {
+        std::memcpy(t.cpumask, cpu.mask, sizeof(t.cpumask));
+    } else {
+        cpu_set_t own;
+        CPU_ZERO(&own);
+        if (sched_getaffinity(getpid(), sizeof(own), &own) == 0) {  // the main thread's, never pinned here
+            for (int i = 0; i < GGML_MAX_N_THREADS && i < CPU_SETSIZE; i++) t.cpumask[i] = CPU_ISSET(i, &own);
+        }
+    }
+    t.strict_cpu = cpu.strict;
+    return t;
+}
+
 class context_create_worker : public Napi::AsyncWorker {
 public:
-    context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp, bool backend_sampling)
-        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling) {
+    context_create_worker(Napi::Env env, hydra_model * m, Napi::Value model_handle, llama_context_params cp, bool backend_sampling,
+                          cpu_placement cpu, cpu_placement cpu_batch)
+        : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), m(m), cp(cp), backend_sampling(backend_sampling),
+          cpu(cpu), cpu_batch(cpu_batch) {
         model_ref = Napi::Persistent(model_handle);
     }
     Napi::Promise promise() { return deferred.Promise(); }
@@ -1134,10 +1202,43 @@ public:
         // Created with embeddings so its graphs are reserved for them; an embedBatch turns them on
         // for its own batch only (hydra_embed.cpp), as llama-server does per batch.
         if (ctx != nullptr && cp.embeddings) llama_set_embeddings(ctx, false);
+        if (ctx != nullptr && (cpu.mask_valid || cpu.strict || cpu_batch.mask_valid || cpu_batch.strict || cpu_placement_used.load())) {
+            attach_threadpools();
+        }
+    }
+    // As common_threadpools::init: a batch pool only when its settings differ, the other one paused.
+    void attach_threadpools() {
+        cpu_placement_used = true;
+        auto * reg = ggml_backend_dev_backend_reg(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+        auto * new_fn = (decltype(ggml_threadpool_new) *) ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new");
+        free_fn = (decltype(ggml_threadpool_free) *) ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free");
+        if (new_fn == nullptr || free_fn == nullptr) {
+            SetError("the CPU backend exports no ggml_threadpool_new");
+            return;
+        }
+        ggml_threadpool_params tpp = threadpool_params_of(cpu, cp.n_threads);
+        ggml_threadpool_params tpp_batch = threadpool_params_of(cpu_batch, cp.n_threads_batch);
+        // A pthread (non-OpenMP) pool pins the thread that creates it: this one is libuv's.
+        cpu_set_t saved;
+        const bool have_saved = pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved) == 0;
+        if (!ggml_threadpool_params_match(&tpp, &tpp_batch)) {
+            tp_batch = new_fn(&tpp_batch);
+            tpp.paused = true;
+        }
+        tp = new_fn(&tpp);
+        if (have_saved) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+        if (tp == nullptr || (tpp.paused && tp_batch == nullptr)) {
+            SetError("ggml_threadpool_new failed for the requested CPU placement");
+            return;
+        }
+        llama_attach_threadpool(ctx, tp, tp_batch);
     }
     void OnOK() override {
         auto * c = new hydra_context();
         c->ctx = ctx;
+        c->threadpool = tp;
+        c->threadpool_batch = tp_batch;
+        c->threadpool_free = free_fn;
         c->owner = m;
         c->n_batch = (int32_t) llama_n_batch(ctx);
         c->outputs_per_seq = cp.n_outputs_max_per_seq == 0 ? c->n_batch : std::min((int32_t) cp.n_outputs_max_per_seq, c->n_batch);
@@ -1150,6 +1251,11 @@ public:
         deferred.Resolve(handle_make<hydra_context>(Env(), c, context_destroy));
     }
     void OnError(const Napi::Error & e) override {
+        if (ctx != nullptr) llama_free(ctx);
+        if (free_fn != nullptr) {
+            if (tp != nullptr) free_fn(tp);
+            if (tp_batch != nullptr) free_fn(tp_batch);
+        }
         deferred.Reject(hydra_error_make(Env(), HYDRA_ERR_CONTEXT_FAILED, e.Message()).Value());
     }
 
@@ -1159,7 +1265,11 @@ private:
     Napi::Reference<Napi::Value> model_ref;  // keeps the model alive while the context is built
     llama_context_params cp;
     bool backend_sampling;
+    cpu_placement cpu, cpu_batch;
     llama_context * ctx = nullptr;
+    ggml_threadpool_t tp = nullptr;
+    ggml_threadpool_t tp_batch = nullptr;
+    void (*free_fn)(ggml_threadpool_t) = nullptr;
 };
 
 static Napi::Value context_create(const Napi::CallbackInfo & info) {
@@ -1204,10 +1314,16 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
     else if (pooling == "last") cp.pooling_type = LLAMA_POOLING_TYPE_LAST;
     else if (pooling == "rank") cp.pooling_type = LLAMA_POOLING_TYPE_RANK;
     else if (pooling != "unspecified") hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "poolingType must be unspecified, none, mean, cls, last or rank");
+    std::string attention = arg_string(p, "attentionType", "unspecified");
+    if (attention == "causal") cp.attention_type = LLAMA_ATTENTION_TYPE_CAUSAL;
+    else if (attention == "non_causal") cp.attention_type = LLAMA_ATTENTION_TYPE_NON_CAUSAL;
+    else if (attention != "unspecified") hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "attentionType must be unspecified, causal or non_causal");
+    cpu_placement cpu = cpu_placement_from(env, p, "cpuMask", "cpuStrict");
+    cpu_placement cpu_batch = cpu_placement_from(env, p, "cpuMaskBatch", "cpuStrictBatch");
     if (cp.n_batch == 0 || cp.n_ubatch == 0 || cp.n_seq_max == 0 || cp.n_seq_max > llama_max_parallel_sequences()) {
         hydra_error_throw(env, HYDRA_ERR_BAD_ARGUMENT, "nBatch, nUbatch must be positive and nSeqMax within 1..llama_max_parallel_sequences()");
     }
-    auto * w = new context_create_worker(env, m, info[0], cp, arg_bool(p, "backendSampling", true));
+    auto * w = new context_create_worker(env, m, info[0], cp, arg_bool(p, "backendSampling", true), cpu, cpu_batch);
     Napi::Promise promise = w->promise();
     w->Queue();
     return promise;
@@ -2031,6 +2147,23 @@ static Napi::Value memory_seq_rm(const Napi::CallbackInfo & info) {
     return Napi::Boolean::New(info.Env(), ok);
 }
 
+// memorySeqAdd(ctx, seq, p0, p1, delta): positions [p0, p1) move by delta (a context shift).
+static Napi::Value memory_seq_add(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    context_check_idle(info.Env(), c);
+    llama_memory_t mem = llama_get_memory(c->ctx);
+    if (!llama_memory_can_shift(mem)) {
+        hydra_error_throw(info.Env(), HYDRA_ERR_BAD_ARGUMENT, "this context's memory cannot shift positions (llama_memory_can_shift)");
+    }
+    llama_memory_seq_add(mem, info[1].ToNumber().Int32Value(), info[2].ToNumber().Int32Value(), info[3].ToNumber().Int32Value(), info[4].ToNumber().Int32Value());
+    return info.Env().Undefined();
+}
+
+static Napi::Value memory_can_shift(const Napi::CallbackInfo & info) {
+    hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
+    return Napi::Boolean::New(info.Env(), llama_memory_can_shift(llama_get_memory(c->ctx)));
+}
+
 static Napi::Value memory_seq_cp(const Napi::CallbackInfo & info) {
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
     context_check_idle(info.Env(), c);
@@ -2161,6 +2294,8 @@ static Napi::Object hydra_init(Napi::Env env, Napi::Object exports) {
     exports.Set("chatCommonParseAsync", Napi::Function::New(env, hydra_chat_common_parse_async));
     exports.Set("decodeStep", Napi::Function::New(env, decode_step));
     exports.Set("memorySeqRm", Napi::Function::New(env, memory_seq_rm));
+    exports.Set("memorySeqAdd", Napi::Function::New(env, memory_seq_add));
+    exports.Set("memoryCanShift", Napi::Function::New(env, memory_can_shift));
     exports.Set("memorySeqCp", Napi::Function::New(env, memory_seq_cp));
     exports.Set("memorySeqPosMax", Napi::Function::New(env, memory_seq_pos_max));
     exports.Set("memoryClear", Napi::Function::New(env, memory_clear));

@@ -123,6 +123,10 @@ struct hydra_attached {
 struct hydra_context {
     llama_context *   ctx = nullptr;
     hydra_model *     owner = nullptr;
+    // CPU placement pools (cpumask/strict_cpu), freed after the context; null when none was asked for.
+    ggml_threadpool_t threadpool = nullptr;
+    ggml_threadpool_t threadpool_batch = nullptr;
+    void (*threadpool_free)(ggml_threadpool_t) = nullptr;
     llama_batch       batch = {};
     int32_t           n_batch = 0;
     int32_t           outputs_per_seq = 1;  // outputs one sequence may sample on the device in a step

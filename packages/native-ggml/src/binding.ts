@@ -50,7 +50,13 @@ export interface NativeModelParams {
   kvOverrides?: { key: string; type: 'int' | 'float' | 'bool' | 'str'; value: number | boolean | string }[];
   useMmap?: boolean;
   useMlock?: boolean;
+  /** Read the file with O_DIRECT (llama.cpp's load mode dio); wins over useMmap/useMlock. */
+  useDirectIo?: boolean;
   checkTensors?: boolean;
+  /** Keep weights out of the CPU's extra buffer types (the repacked CPU_REPACK layouts). */
+  noExtraBufts?: boolean;
+  /** Keep weights out of a GPU device's pinned host buffer. */
+  noHost?: boolean;
 }
 
 export interface NativeModelInfo {
@@ -114,6 +120,17 @@ export interface NativeContextParams {
   poolingType?: PoolingType;
   /** Sample on the device where the chain allows (default true): a step returns token ids only. */
   backendSampling?: boolean;
+  /** llama_attention_type: unspecified takes the model's (causal for a decoder). */
+  attentionType?: 'unspecified' | 'causal' | 'non_causal';
+  /**
+   * CPU affinity of the compute threads (hex, lowest bit CPU 0), as llama-server's --cpu-mask: the
+   * context gets a ggml threadpool attached. `cpuStrict` gives each thread one CPU of the mask.
+   */
+  cpuMask?: string;
+  cpuStrict?: boolean;
+  /** The same for batch (prompt) processing (--cpu-mask-batch, --cpu-strict-batch). */
+  cpuMaskBatch?: string;
+  cpuStrictBatch?: boolean;
 }
 
 /** llama_pooling_type by name (llama-server's --pooling). */
@@ -390,6 +407,8 @@ export interface NativeBinding {
     checkpoints?: (Buffer | null)[];
   }>;
   memorySeqRm(ctx: ContextHandle, seq: number, p0: number, p1: number): boolean;
+  memorySeqAdd(ctx: ContextHandle, seq: number, p0: number, p1: number, delta: number): void;
+  memoryCanShift(ctx: ContextHandle): boolean;
   memorySeqCp(ctx: ContextHandle, src: number, dst: number, p0: number, p1: number): void;
   memorySeqPosMax(ctx: ContextHandle, seq: number): number;
   memoryClear(ctx: ContextHandle): void;

@@ -874,6 +874,19 @@ export class Context {
     return this.#binding.memorySeqRm(this.#h(), seq, p0, p1);
   }
 
+  /**
+   * Moves positions [p0, p1) of a sequence by `delta` (llama_memory_seq_add), as a context shift
+   * does after removing the discarded span; throws HYDRA_ERR_BAD_ARGUMENT where `canShift` is false.
+   */
+  shiftSequence(seq: number, p0: number, p1: number, delta: number): void {
+    this.#binding.memorySeqAdd(this.#h(), seq, p0, p1, delta);
+  }
+
+  /** Whether the memory can move positions (false for recurrent and hybrid models). */
+  get canShift(): boolean {
+    return this.#binding.memoryCanShift(this.#h());
+  }
+
   copySequence(src: number, dst: number, p0 = -1, p1 = -1): void {
     this.#binding.memorySeqCp(this.#h(), src, dst, p0, p1);
   }

@@ -85,9 +85,12 @@ const NO_SPECULATIVE =
   'speculative decoding implements the n-gram types and draft_simple (a draft model, greedy chains) only';
 const NOT_SERVED = 'a llama-server setting this engine does not implement';
 const NO_TIMINGS = 'the engine reports no llama.cpp perf or per-token timings';
-const NO_THREADPOOL =
-  'CPU masks, priority and polling need a ggml threadpool, which the engine does not create';
-const NOT_PASSED = 'a llama.cpp load/context option the native binding does not pass';
+// The native build runs ggml's CPU backend on OpenMP (GGML_OPENMP), whose threadpool has no
+// polling workers and applies a priority to libgomp's process-wide threads, never undoing it.
+const NO_POLL =
+  'ggml reads poll only in its pthread threadpool; this build computes on OpenMP threads, which never poll';
+const NO_PRIORITY =
+  "ggml applies it to libgomp's process-wide OpenMP threads and never restores it, so it would outlive the context";
 
 // ---------------------------------------------------------------- T1: sampler (common_params_sampling)
 const S = (name: string, type: FieldType, def: unknown, extra?: Extra) =>
@@ -173,7 +176,8 @@ E('state_chunk_size', int(64 * KIB, 64 * MIB), 1 * MIB, { clamp: true });
 E('failover_policy', oneOf('auto', 'solo', 'offload', 'none'), 'auto');
 E('peer_rejoin', bool, true);
 E('device_memory_cap', list(str(300, /^[^=\s]+=[1-9][0-9]{0,8}$/), 128), []);
-E('n_keep', int(-1), 0, { unsupported: NOT_SERVED });
+// Context shift (llama-server's --context-shift / --keep): tokens of the prompt kept (-1: all).
+E('n_keep', int(-1), 0);
 E('antiprompt', list(str(4096), 256), [], { unsupported: NOT_SERVED });
 E('cache_prompt', bool, true, { unsupported: NOT_SERVED });
 E('cache_idle_slots', bool, true, { unsupported: NOT_SERVED });
@@ -184,7 +188,7 @@ E('checkpoint_min_step', int(0), 8192);
 E('cache_ram_mib', int(-1), 8192, { unsupported: NOT_SERVED });
 E('slot_prompt_similarity', num(0, 1), 0.1, { unsupported: NOT_SERVED });
 E('cont_batching', bool, true, { unsupported: NOT_SERVED });
-E('ctx_shift', bool, false, { unsupported: NOT_SERVED });
+E('ctx_shift', bool, false);
 E('input_prefix', str(), '', { unsupported: NOT_SERVED });
 E('input_suffix', str(), '', { unsupported: NOT_SERVED });
 E('input_prefix_bos', bool, false, { unsupported: NOT_SERVED });
@@ -257,7 +261,10 @@ C('n_parallel', int(1, 4096), 1);
 C('n_sequences', int(1, 4096), 1, {
   unsupported: 'not a context parameter of the pinned llama.cpp; use n_parallel',
 });
-C('n_outputs_max', int(0), 0, { unsupported: NOT_PASSED });
+C('n_outputs_max', int(0), 0, {
+  unsupported:
+    'the pinned llama.cpp aborts the process (GGML_ASSERT in output_reserve) on a decode with more outputs than this cap, and logprobs, embeddings and speculative checks ask for more',
+});
 C('grp_attn_n', int(1), 1, { unsupported: 'self-extend (group attention) is not implemented' });
 C('grp_attn_w', int(1), 512, { unsupported: 'self-extend (group attention) is not implemented' });
 C('rope_freq_base', num(0, 1e12), 0);
@@ -275,7 +282,6 @@ C('pooling_type', oneOf('unspecified', 'none', 'mean', 'cls', 'last', 'rank'), '
   aliases: ['pooling'],
 });
 C('attention_type', oneOf('unspecified', 'causal', 'non_causal'), 'unspecified', {
-  unsupported: NOT_PASSED,
   aliases: ['attention'],
 });
 C('flash_attn', oneOf('on', 'off', 'auto'), 'auto', {
@@ -289,20 +295,22 @@ C('swa_full', bool, false);
 C('no_perf', bool, false, { unsupported: NO_TIMINGS });
 C('no_kv_offload', bool, false);
 C('no_op_offload', bool, false);
-C('no_extra_bufts', bool, false, { unsupported: NOT_PASSED });
-C('no_host', bool, false, { unsupported: NOT_PASSED });
+C('no_extra_bufts', bool, false);
+C('no_host', bool, false);
 C('numa', oneOf('disabled', 'distribute', 'isolate', 'numactl', 'mirror'), 'disabled', {
-  unsupported: 'NUMA placement is not implemented',
+  unsupported:
+    'llama_numa_init is process-wide and takes effect once (ggml ignores a second call), so a setting a CONFIGURE may change cannot reach it',
 });
 for (const group of ['cpuparams', 'cpuparams_batch']) {
   const alias = group === 'cpuparams' ? 'n_threads' : 'n_threads_batch';
   C(`${group}.n_threads`, int(-1, 4096), -1, { aliases: [alias] });
-  C(`${group}.cpumask`, str(1024, /^(0x)?[0-9a-fA-F]*$/), '', { unsupported: NO_THREADPOOL });
+  // Hex, lowest bit CPU 0 (--cpu-mask); the batch group's mask and strictness default to these.
+  C(`${group}.cpumask`, str(1024, /^(0x)?[0-9a-fA-F]*$/), '');
   C(`${group}.priority`, oneOf('normal', 'medium', 'high', 'realtime'), 'normal', {
-    unsupported: NO_THREADPOOL,
+    unsupported: NO_PRIORITY,
   });
-  C(`${group}.strict_cpu`, bool, false, { unsupported: NO_THREADPOOL });
-  C(`${group}.poll`, int(0, 100), 50, { unsupported: NO_THREADPOOL });
+  C(`${group}.strict_cpu`, bool, false);
+  C(`${group}.poll`, int(0, 100), 50, { unsupported: NO_POLL });
 }
 C('cb_eval', str(0), '', { unsupported: NO_CALLBACK });
 C('cb_eval_user_data', str(0), '', { unsupported: NO_CALLBACK });
@@ -359,7 +367,7 @@ M('tensor_split', orAuto(list(num(0, 1e9), 128)), []);
 M('split_mode', oneOf('none', 'layer', 'row'), 'layer');
 M('devices', list(str(256), 128), []);
 M('use_mmap', bool, true);
-M('use_direct_io', bool, false, { unsupported: NOT_PASSED });
+M('use_direct_io', bool, false);
 M('use_mlock', bool, false);
 M('check_tensors', bool, false);
 M('no_alloc', bool, false, { unsupported: 'a metadata-only load cannot serve requests' });

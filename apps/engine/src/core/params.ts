@@ -37,6 +37,9 @@ const POOLING_TYPES = [
   'last',
   'rank',
 ] as const satisfies readonly PoolingType[];
+const ATTENTION_TYPES = ['unspecified', 'causal', 'non_causal'] as const satisfies readonly NonNullable<
+  ContextParams['attentionType']
+>[];
 const SAMPLER_STAGES = [
   'penalties',
   'dry',
@@ -201,7 +204,10 @@ export function modelParamsFrom(cfg: Params, path: string): ModelLoadParams {
     kvOverrides: kvOverrides.length > 0 ? kvOverrides : undefined,
     useMmap: c.bool('use_mmap'),
     useMlock: c.bool('use_mlock'),
+    useDirectIo: c.bool('use_direct_io') || undefined,
     checkTensors: c.bool('check_tensors'),
+    noExtraBufts: c.bool('no_extra_bufts') || undefined,
+    noHost: c.bool('no_host') || undefined,
   });
 }
 
@@ -212,6 +218,10 @@ export function contextParamsFrom(cfg: Params): ContextParams {
   const rope = c.str('rope_scaling_type');
   const spec = speculativeFrom(cfg);
   const pooling = c.oneOf('pooling_type', POOLING_TYPES);
+  const attention = c.oneOf('attention_type', ATTENTION_TYPES);
+  // llama-server: the batch group's mask and strictness default to the generation group's.
+  const cpuMask = c.str('cpuparams.cpumask') || undefined;
+  const cpuStrict = c.bool('cpuparams.strict_cpu') || undefined;
   return withoutDefaults({
     nCtx: c.num('n_ctx'),
     nBatch: c.num('n_batch'),
@@ -236,6 +246,11 @@ export function contextParamsFrom(cfg: Params): ContextParams {
     swaFull: c.bool('swa_full'),
     kvUnified: c.bool('kv_unified'),
     poolingType: pooling === 'unspecified' ? undefined : pooling,
+    attentionType: attention === 'unspecified' ? undefined : attention,
+    cpuMask,
+    cpuStrict,
+    cpuMaskBatch: c.str('cpuparams_batch.cpumask') || cpuMask,
+    cpuStrictBatch: c.bool('cpuparams_batch.strict_cpu') || cpuStrict,
     // A speculative guess of up to ngram_size_m (n_max) tokens samples that many + 1 outputs of one
     // sequence; llama.cpp's on-device sampling takes 1 unless told (it clamps to n_batch).
     nOutputsMaxPerSeq: spec ? maxGuess(spec) + 1 : undefined,

@@ -86,6 +86,10 @@ interface Job {
     | undefined;
   /** Prompt checkpoints this job takes (recurrent or hybrid memory, cache_prompt), else undefined. */
   ckpt: CheckpointSettings | undefined;
+  /** ctx_shift: the n_keep it shifts with (negative: the whole prompt); undefined: no shift. */
+  shiftKeep: number | undefined;
+  /** A shift dropped KV in the middle: the slot's KV no longer matches prompt + generated. */
+  shifted: boolean;
 }
 
 /** What {@link Scheduler.slotInfo} reports of one slot. */
@@ -139,6 +143,8 @@ export interface SchedulerOptions {
   speculative?: () => SpeculativeSettings | undefined;
   /** `n_ctx_checkpoints` / `checkpoint_min_step` in force (read at each admission); undefined: none. */
   checkpoints?: () => CheckpointSettings;
+  /** `ctx_shift` and `n_keep` in force (read at each submission); undefined: no context shift. */
+  contextShift?: () => { on: boolean; nKeep: number };
 }
 
 /** Queue, slots and the decode loop over one attached model and context. */
@@ -149,6 +155,7 @@ export class Scheduler {
   readonly #pipeline: boolean;
   readonly #speculative: () => SpeculativeSettings | undefined;
   readonly #checkpointSettings: () => CheckpointSettings;
+  readonly #contextShift: () => { on: boolean; nKeep: number };
   /** Per slot: its prompt checkpoints, freed with the slot's cache. */
   #ckpts: CheckpointList[] = [];
   /** Checkpoints #admit chose to restore before the next step (see #restoreCheckpoints). */
@@ -207,6 +214,7 @@ export class Scheduler {
     this.#pipeline = options.pipeline;
     this.#speculative = options.speculative ?? (() => undefined);
     this.#checkpointSettings = options.checkpoints ?? (() => ({ max: 0, minStep: 0 }));
+    this.#contextShift = options.contextShift ?? (() => ({ on: false, nKeep: 0 }));
   }
 
   /** The context steps run on, if one is attached. */
@@ -452,6 +460,22 @@ export class Scheduler {
         },
       );
     }
+    // llama-server's --context-shift: a bounded generation goes on past the slot's context instead
+    // of stopping there (an unbounded one still stops there: it would never end otherwise).
+    const shift = this.#contextShift();
+    const shiftKeep =
+      shift.on &&
+      params.maxTokens < Number.MAX_SAFE_INTEGER &&
+      prompt.length + params.maxTokens > this.#nCtxSeq
+        ? (params.nKeep ?? shift.nKeep)
+        : undefined;
+    if (shiftKeep !== undefined && this.#ctx && !this.#ctx.canShift) {
+      throw new HydraError(
+        'HYDRA_ERR_UNSUPPORTED_FIELD',
+        "ctx_shift: this model's memory (recurrent or hybrid) cannot shift positions (llama_memory_can_shift)",
+        { keys: ['ctx_shift'] },
+      );
+    }
     const freeSlot = this.#holders.size === 0 && this.#slots.some((s) => !s);
     if (!freeSlot && this.#queue.length >= this.#maxQueue) {
       this.#counters.rejectedQueueFull += 1;
@@ -487,9 +511,14 @@ export class Scheduler {
         generated: [],
         output: new TextOutput<TokenProb>(params.stop),
         reported: [],
-        maxTokens: Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length)),
+        maxTokens:
+          shiftKeep === undefined
+            ? Math.max(0, Math.min(params.maxTokens, this.#nCtxSeq - prompt.length))
+            : params.maxTokens,
         spec: undefined,
         ckpt: undefined,
+        shiftKeep,
+        shifted: false,
       };
       if (options.signal) {
         options.signal.addEventListener(
@@ -664,8 +693,12 @@ export class Scheduler {
         job.sampler.accept(job.prompt);
       }
       // Probabilities are computed one token a step (llama-server reports none for drafted tokens).
+      // A shift would move the target's positions under the drafter's: a shifting job is not speculated.
       const unspeculable =
-        model.info.recurrent || !speculable(job.params.sampler) || job.params.probs !== undefined;
+        model.info.recurrent ||
+        !speculable(job.params.sampler) ||
+        job.params.probs !== undefined ||
+        job.shiftKeep !== undefined;
       const spec = unspeculable ? undefined : this.#speculative();
       if (spec && (spec.type !== 'draft_simple' || this.#draft !== undefined))
         job.spec = { settings: spec, tally: new SpecTally(), history: Array.from(job.prompt), pending: 0 };
@@ -855,6 +888,7 @@ export class Scheduler {
         continue;
       }
       if (job.promptFed) {
+        if (job.shiftKeep !== undefined && job.pos + 1 >= this.#nCtxSeq) this.#shiftContext(job);
         jobs.push(job);
         const draft = this.#draftFor(job);
         if (draft.length > 0) {
@@ -913,6 +947,23 @@ export class Scheduler {
     return { jobs, entries, chunks };
   }
 
+  /**
+   * llama-server's context shift (pre_decode in server-context.cpp): keeps the first n_keep tokens
+   * (+1 with a BOS, at most n_ctx - 4), drops half of the rest and moves the tail down over them.
+   */
+  #shiftContext(job: Job): void {
+    const ctx = this.#ctx!;
+    let nKeep = job.shiftKeep! < 0 ? job.prompt.length : job.shiftKeep!;
+    if (this.#model?.info.addBos) nKeep += 1;
+    nKeep = Math.min(this.#nCtxSeq - 4, nKeep);
+    const nLeft = job.pos - nKeep;
+    const nDiscard = Math.min(Math.max(0, Math.floor(nLeft / 2)), Math.max(0, nLeft - 1));
+    ctx.removeSequence(job.slot, nKeep, nKeep + nDiscard);
+    ctx.shiftSequence(job.slot, nKeep + nDiscard, job.pos, -nDiscard);
+    job.pos -= nDiscard;
+    job.shifted = true;
+  }
+
   #decode(ctx: Context, jobs: Job[], entries: DecodeEntry[], chunks: number[] | undefined): Step {
     this.#stepsInFlight += 1;
     const gen = this.#gen;
@@ -964,6 +1015,8 @@ export class Scheduler {
       // finishes there, and the others go on without a round trip through the JS thread.
       if (job.generated.length + 1 >= job.maxTokens) continue;
       const pos = job.promptFed ? job.pos + 1 : job.prompt.length;
+      // Its next step shifts the context first (#assemble), between steps.
+      if (job.shiftKeep !== undefined && pos + 1 >= this.#nCtxSeq) return undefined;
       if (pos >= this.#nCtxSeq) continue;
       jobs.push(job);
       entries.push({ seq: job.slot, pos, follow: true, sampler: job.sampler, ...probsEntry(job) });
@@ -1151,7 +1204,13 @@ export class Scheduler {
   #release(job: Job, outcome: FinishReason | Error): void {
     if (job.slot >= 0 && this.#slots[job.slot] === job) {
       this.#slots[job.slot] = undefined;
-      if (job.cachePrompt && !(outcome instanceof Error) && outcome !== 'cancelled' && job.promptFed) {
+      if (
+        job.cachePrompt &&
+        !(outcome instanceof Error) &&
+        outcome !== 'cancelled' &&
+        job.promptFed &&
+        !job.shifted
+      ) {
         // The KV holds the prompt and every generated token fed back (all but the last sampled).
         const fed = job.generated.slice(0, job.pos - job.prompt.length);
         const held = new Int32Array(job.prompt.length + fed.length);

@@ -15,6 +15,8 @@ export interface GenerationParams {
   stop: string[];
   sampler: SamplerParams;
   ignoreEos: boolean;
+  /** llama-server's n_keep for a context shift (ctx_shift on); undefined: the n_keep in force. */
+  nKeep?: number;
   /**
    * Report each generated token's probability and its `n` most likely alternatives (llama-server's
    * n_probs; after the sampler chain with `postSampling`). Such a request is never speculated.

@@ -92,6 +92,7 @@ export function generationParams(
     sampler: settings.sampler,
     ignoreEos: settings.ignoreEos,
     ...(settings.probs ? { probs: settings.probs } : {}),
+    ...(settings.nKeep !== undefined ? { nKeep: settings.nKeep } : {}),
   };
 }
 
