@@ -58,11 +58,19 @@ interface Pair {
 const common = ['-np', '1', '-c', '4096'];
 const pairs: Pair[] = [];
 async function pair(model: string, flags: string[] = []): Promise<Pair> {
-  const [stock, eng] = await Promise.all([
+  const [stock, eng] = await Promise.allSettled([
     stockServer(['-m', model, '-t', '1', ...common, ...flags]),
     engineWith(['-m', model, ...common, ...flags]),
   ]);
-  const p = { stock, engine: { url: eng.url, close: () => eng.close() } };
+  // One side up and the other not: the one that started is stopped before the failure goes on.
+  if (stock.status === 'rejected' || eng.status === 'rejected') {
+    await Promise.all([
+      stock.status === 'fulfilled' ? stock.value.close() : undefined,
+      eng.status === 'fulfilled' ? eng.value.close() : undefined,
+    ]);
+    throw stock.status === 'rejected' ? stock.reason : (eng as PromiseRejectedResult).reason;
+  }
+  const p = { stock: stock.value, engine: { url: eng.value.url, close: () => eng.value.close() } };
   pairs.push(p);
   return p;
 }
