@@ -88,7 +88,10 @@ describe('settings', () => {
     });
     // One type at a time: both together are refused by name, not half honoured.
     expect(() =>
-      speculativeFrom({ 'speculative.types': ['ngram_simple', 'draft_simple'], 'speculative.model': 'd.gguf' }),
+      speculativeFrom({
+        'speculative.types': ['ngram_simple', 'draft_simple'],
+        'speculative.model': 'd.gguf',
+      }),
     ).toThrow(expect.objectContaining({ code: 'HYDRA_ERR_UNSUPPORTED_FIELD' }));
     expect(() =>
       speculativeFrom({ 'speculative.types': ['ngram_simple'], 'speculative.model': 'd.gguf' }),

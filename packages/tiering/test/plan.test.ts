@@ -103,7 +103,9 @@ describe('plan', () => {
     });
     expect(normalize({ model: { path: '/m.gguf' } })).toEqual({ model: '/m.gguf' });
     expect(normalize({ n_threads: 4 })).toEqual({ 'cpuparams.n_threads': 4 });
-    expect(normalize({ speculative: { draft: { model: 'd.gguf' } } })).toEqual({ 'speculative.model': 'd.gguf' });
+    expect(normalize({ speculative: { draft: { model: 'd.gguf' } } })).toEqual({
+      'speculative.model': 'd.gguf',
+    });
     // Refused (no tree speculation), under the alias it was sent as.
     expect(rejection(() => normalize({ speculative: { draft: { p_split: 0.2 } } }))).toMatchObject({
       code: 'HYDRA_ERR_UNSUPPORTED_FIELD',

@@ -57,7 +57,10 @@ class Conn {
     });
   }
   async read(n) {
-    if (this.#have < n) await new Promise((resolve) => (this.#wait = { n, resolve }));
+    if (this.#have < n)
+      await new Promise((resolve) => {
+        this.#wait = { n, resolve };
+      });
     this.#wait = null;
     const all = this.#chunks.length === 1 ? this.#chunks[0] : Buffer.concat(this.#chunks);
     this.#chunks = all.byteLength > n ? [all.subarray(n)] : [];

@@ -909,7 +909,10 @@ export class Scheduler {
           });
           decodeTokens += 1;
         }
-      } else (prefill ??= []).push(job);
+      } else {
+        prefill ??= [];
+        prefill.push(job);
+      }
     }
     if (!prefill) return entries.length === 0 ? undefined : { jobs, entries, chunks: undefined };
     const chunks: number[] = new Array(jobs.length).fill(0);
