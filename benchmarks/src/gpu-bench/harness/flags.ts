@@ -1,4 +1,5 @@
 import { HydraError } from '@hydra-engine/errors';
+import { scanArgv } from '@hydra-engine/native-ggml/argv';
 
 /** What a flag's reader gets: its name and its value (the next argument or the text after `=`). */
 export interface FlagValue {
@@ -16,10 +17,16 @@ export function badFlag(flag: string, message: string): HydraError {
   return new HydraError('HYDRA_ERR_BAD_ARGUMENT', `${flag}: ${message}`, { keys: [flag] });
 }
 
+type Spec<O> =
+  | { kind: 'help' }
+  | { kind: 'switch'; key: keyof O }
+  | { kind: 'value'; entry: FlagTable<O>[string] };
+
 /**
- * Parses `argv` (`--flag value` or `--flag=value`) over `defaults`. `switches` are flags without a
- * value that set their key to true. Returns `'help'` for `--help`/`-h`. Unknown flags, stray
- * arguments and missing values are refused.
+ * Parses `argv` (`--flag value` or `--flag=value`) over `defaults` with the repository's one argv
+ * scanner (native-ggml's `scanArgv`, as the engine's and synth-model's CLIs do). `switches` are flags
+ * without a value that set their key to true. Returns `'help'` for `--help`/`-h`. Unknown flags,
+ * stray arguments and missing values are refused.
  */
 export function parseFlags<O extends object>(
   argv: readonly string[],
@@ -28,30 +35,25 @@ export function parseFlags<O extends object>(
   switches: Readonly<Record<string, keyof O>> = {},
 ): O | 'help' {
   const o = { ...defaults };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i] as string;
-    const eq = arg.indexOf('=');
-    const flag = arg.startsWith('--') && eq > 0 ? arg.slice(0, eq) : arg;
-    const inline = flag === arg ? undefined : arg.slice(eq + 1);
-    if (flag === '--help' || flag === '-h') return 'help';
-    if (Object.hasOwn(switches, flag)) {
-      if (inline !== undefined) throw badFlag(flag, 'takes no value');
-      (o as Record<keyof O, unknown>)[switches[flag] as keyof O] = true;
+  const find = (name: string): Spec<O> | undefined => {
+    if (name === '--help' || name === '-h') return { kind: 'help' };
+    if (Object.hasOwn(switches, name)) return { kind: 'switch', key: switches[name] as keyof O };
+    if (name.startsWith('--') && Object.hasOwn(table, name)) return { kind: 'value', entry: table[name]! };
+    return undefined;
+  };
+  const hits = scanArgv(argv, find, (spec) => ({ takes: spec.kind === 'value' ? 'value' : 'none' }), {
+    unknown: (name) => badFlag(name, name.startsWith('--') ? 'unknown flag' : 'unexpected argument'),
+    bad: (name, message) =>
+      badFlag(name, message.startsWith(`${name} `) ? message.slice(name.length + 1) : message),
+  });
+  for (const { flag: spec, name, raw } of hits) {
+    if (spec.kind === 'help') return 'help';
+    if (spec.kind === 'switch') {
+      (o as Record<keyof O, unknown>)[spec.key] = true;
       continue;
     }
-    if (!flag.startsWith('--')) throw badFlag(flag, 'unexpected argument');
-    const entry = Object.hasOwn(table, flag) ? table[flag] : undefined;
-    if (!entry) throw badFlag(flag, 'unknown flag');
-    const v: FlagValue = {
-      flag,
-      value: () => {
-        const next = inline ?? argv[++i];
-        if (next === undefined) throw badFlag(flag, 'needs a value');
-        return next;
-      },
-    };
-    const [key, read] = entry;
-    o[key] = read(v);
+    const [key, read] = spec.entry;
+    o[key] = read({ flag: name, value: () => raw as string });
   }
   return o;
 }
