@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
 import { freeLoopbackPort } from '../src/ports.js';
 import { startEngine } from '../src/serve.js';
+import { complete, metric } from './compare-helpers.js';
 import { engineWith } from './helpers.js';
 
 // Speculative decoding with a draft model (speculative.model, llama-server's -md; draft_simple)
@@ -45,39 +46,6 @@ afterAll(async () => {
   await spec?.close();
   await plain?.close();
 });
-
-interface Completion {
-  text: string;
-  finish: string;
-  completion: number;
-  cached: number;
-}
-
-async function complete(eng: Eng, body: Record<string, unknown>): Promise<Completion> {
-  const res = await fetch(`${eng.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ temperature: 0, cache_prompt: false, ...body }),
-  });
-  expect(res.status).toBe(200);
-  const json = (await res.json()) as {
-    choices: { text: string; finish_reason: string }[];
-    usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
-  };
-  return {
-    text: json.choices[0]!.text,
-    finish: json.choices[0]!.finish_reason,
-    completion: json.usage.completion_tokens,
-    cached: json.usage.prompt_tokens_details?.cached_tokens ?? 0,
-  };
-}
-
-async function metric(eng: Eng, name: string): Promise<number> {
-  const text = await (await fetch(`${eng.url}/metrics`)).text();
-  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
-  if (!m) throw new Error(`${name} not in /metrics`);
-  return Number(m[1]);
-}
 
 const PROMPTS = ['Once upon a time', 'The quick brown fox jumps over', 'hello world, this is'];
 
