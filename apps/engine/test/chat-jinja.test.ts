@@ -1,13 +1,9 @@
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Model } from '@hydra-engine/native-ggml';
-import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
-import { engineWith, tinyModel } from './helpers.js';
+import { engineWith, postJson, tinyModel, tinyToolsModel, toolCallBias } from './helpers.js';
 
 // Chat through llama.cpp's common chat layer (--jinja, the default) on the tiny model with
 // chat: 'tools' (a Qwen 2.5-style Jinja template with tools, <tool_call> tokens), with the
@@ -37,24 +33,14 @@ const weather = {
   function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
 };
 
-// The chat layer's grammar (as upstream's) lets text come before a call, up to "<tool_call>\n":
-// random weights would write text for long, so those two tokens are favoured, and the end of the
-// turn once the grammar allows it. What the call holds is the grammar's doing alone.
+// The chat layer's grammar lets text come before a call: toolCallBias favours "<tool_call>\n" and
+// the end of the turn. What the call holds is the grammar's doing alone.
 let bias: Record<string, number>;
 
 beforeAll(async () => {
-  modelPath = join(mkdtempSync(join(tmpdir(), 'hydra-jinja-')), 'tiny-tools.gguf');
-  await writeSyntheticModel({
-    arch: 'llama',
-    shape: 'tiny',
-    quant: 'f32',
-    seed: 5,
-    out: modelPath,
-    chat: 'tools',
-  });
+  modelPath = await tinyToolsModel('hydra-jinja-');
   model = await Model.load({ path: modelPath, nGpuLayers: 0 });
-  const [newline] = await model.tokenizeAsync('\n', { addSpecial: false });
-  bias = { [model.info.nVocab - 2]: 10, [newline!]: 10, [model.info.eos]: 20 };
+  bias = await toolCallBias(model);
   eng = await engineWith(['-m', modelPath, '-np', '2', '-c', '4096']);
   client = new OpenAI({ baseURL: `${eng.url}/v1`, apiKey: 'none', maxRetries: 0 });
 }, 60_000);
@@ -63,14 +49,7 @@ afterAll(async () => {
   model?.dispose();
 });
 
-async function post(path: string, body: unknown) {
-  const res = await fetch(`${eng.url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  return { status: res.status, json: (await res.json()) as any };
-}
+const post = (path: string, body: unknown) => postJson(eng.url, path, body);
 
 function checkPick(args: string): void {
   const a = JSON.parse(args);

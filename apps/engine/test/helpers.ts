@@ -1,3 +1,8 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Model } from '@hydra-engine/native-ggml';
+import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { tinyModel as kitTinyModel } from '@hydra-engine/test-kit';
 import { parseServeArgs } from '../src/args.js';
 import { type RunningEngine, startEngine } from '../src/serve.js';
@@ -17,4 +22,35 @@ export async function engineWith(flags: string[]): Promise<RunningEngine & { url
   );
   await running.loaded;
   return Object.assign(running, { url: `http://127.0.0.1:${running.httpPort}` });
+}
+
+/** A JSON POST to `url + path`: the status and the parsed reply. */
+export async function postJson(
+  url: string,
+  path: string,
+  body: unknown,
+): Promise<{ status: number; json: any }> {
+  const res = await fetch(`${url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  return { status: res.status, json: (await res.json()) as any };
+}
+
+/** The tool-calling suites' model: the tiny llama, f32, seed 5, with `chat: 'tools'`, in a fresh folder. */
+export async function tinyToolsModel(prefix: string): Promise<string> {
+  const out = join(mkdtempSync(join(tmpdir(), prefix)), 'tiny-tools.gguf');
+  await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'f32', seed: 5, out, chat: 'tools' });
+  return out;
+}
+
+/**
+ * A logit_bias for {@link tinyToolsModel}: the chat layer's grammar lets text come before a call,
+ * up to "<tool_call>\n", and random weights would write text for long, so those two tokens are
+ * favoured, and the end of the turn once the grammar allows it.
+ */
+export async function toolCallBias(model: Model): Promise<Record<string, number>> {
+  const [newline] = await model.tokenizeAsync('\n', { addSpecial: false });
+  return { [model.info.nVocab - 2]: 10, [newline!]: 10, [model.info.eos]: 20 };
 }

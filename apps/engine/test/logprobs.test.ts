@@ -2,16 +2,12 @@
 // logprobs through the official `openai` client, llama-server's n_probs / post_sampling_probs on
 // /completion, streamed and not, stop strings, CONFIGURE sampling.n_probs, bad values. Values are
 // checked against a softmax of the logits the same model gives in this process.
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { initBackend, Model } from '@hydra-engine/native-ggml';
-import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './control-helpers.js';
-import { engineWith, tinyModel } from './helpers.js';
+import { engineWith, postJson, tinyModel, tinyToolsModel } from './helpers.js';
 
 let eng: Awaited<ReturnType<typeof engineWith>>;
 let client: OpenAI;
@@ -30,14 +26,7 @@ afterAll(async () => {
   await eng?.close();
 });
 
-async function post(path: string, body: unknown) {
-  const res = await fetch(`${eng.url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  return { status: res.status, json: (await res.json()) as any };
-}
+const post = (path: string, body: unknown) => postJson(eng.url, path, body);
 
 /** The `data:` objects of a server-sent event stream. */
 async function events(path: string, body: Record<string, unknown>): Promise<any[]> {
@@ -362,15 +351,7 @@ describe('bad values and the configured default', () => {
 describe('streamed tool calls (the chat layer parses the text): no probabilities lost', () => {
   let tools: Awaited<ReturnType<typeof engineWith>>;
   beforeAll(async () => {
-    const path = join(mkdtempSync(join(tmpdir(), 'hydra-logprobs-')), 'tiny-tools.gguf');
-    await writeSyntheticModel({
-      arch: 'llama',
-      shape: 'tiny',
-      quant: 'f32',
-      seed: 5,
-      out: path,
-      chat: 'tools',
-    });
+    const path = await tinyToolsModel('hydra-logprobs-');
     tools = await engineWith(['-m', path, '-np', '1', '-c', '2048']);
   }, 60_000);
   afterAll(async () => {

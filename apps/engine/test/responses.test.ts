@@ -1,14 +1,10 @@
 // /v1/responses (OpenAI's Responses API) as llama-server serves it, with the official openai client
 // and plain HTTP, on the tiny model with a Jinja template with tools (chat: 'tools').
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Model } from '@hydra-engine/native-ggml';
-import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { responsesToChat } from '../src/routes/responses.js';
-import { engineWith } from './helpers.js';
+import { engineWith, tinyToolsModel, toolCallBias } from './helpers.js';
 
 let model: Model;
 let eng: Awaited<ReturnType<typeof engineWith>>;
@@ -31,19 +27,10 @@ const pick = {
 };
 
 beforeAll(async () => {
-  const path = join(mkdtempSync(join(tmpdir(), 'hydra-resp-')), 'tiny-tools.gguf');
-  await writeSyntheticModel({
-    arch: 'llama',
-    shape: 'tiny',
-    quant: 'f32',
-    seed: 5,
-    out: path,
-    chat: 'tools',
-  });
+  const path = await tinyToolsModel('hydra-resp-');
   model = await Model.load({ path, nGpuLayers: 0 });
   // As chat-jinja.test.ts: random weights write text for long before "<tool_call>\n"; favour it.
-  const [newline] = await model.tokenizeAsync('\n', { addSpecial: false });
-  bias = { [model.info.nVocab - 2]: 10, [newline!]: 10, [model.info.eos]: 20 };
+  bias = await toolCallBias(model);
   eng = await engineWith(['-m', path, '-np', '2', '-c', '4096']);
   client = new OpenAI({ baseURL: `${eng.url}/v1`, apiKey: 'none', maxRetries: 0 });
 }, 60_000);
