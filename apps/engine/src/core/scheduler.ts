@@ -1316,8 +1316,15 @@ export class Scheduler {
       ctx.removeSequence(slot);
       this.#cache[slot] = new Int32Array(0);
       this.#ckpts[slot]?.clear();
-      const read = await ctx.setSequenceState(slot, kv);
       const bad = (why: string) => new HydraError('HYDRA_ERR_STATE_INVALID', `slot state rejected: ${why}`);
+      // The bytes are the client's: llama.cpp refusing them (another -np, whose KV streams differ,
+      // other cache types, another model) is bad input, not an engine failure.
+      const read = await ctx.setSequenceState(slot, kv).catch((err: unknown) => {
+        if ((err as { code?: string }).code !== 'HYDRA_ERR_STATE_FAILED') throw err;
+        throw bad(
+          `llama.cpp refused the sequence state (${(err as Error).message}); it must come from an engine with the same model, -np, cache types and n_ctx per slot`,
+        );
+      });
       if (read === 0 && kv.length > 0) throw bad('llama.cpp did not accept the KV bytes');
       if (ctx.sequenceEnd(slot) !== tokens.length - 1) {
         ctx.removeSequence(slot);
