@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { engineWith, tinyModel } from './helpers.js';
+import { engineWith, postJson, tinyModel } from './helpers.js';
 
 let eng: Awaited<ReturnType<typeof engineWith>>;
 let client: OpenAI;
@@ -19,14 +19,7 @@ afterAll(async () => {
   await eng?.close();
 });
 
-async function post(url: string, path: string, body: unknown) {
-  const res = await fetch(`${url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  return { status: res.status, json: (await res.json()) as any };
-}
+const post = postJson;
 
 async function promptTokensEvaluated(url: string): Promise<number> {
   const text = await (await fetch(`${url}/metrics`)).text();

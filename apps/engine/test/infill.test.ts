@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { engineWith, tinyModel } from './helpers.js';
+import { engineWith, postJson, tinyModel } from './helpers.js';
 
 let model: Model;
 let eng: Awaited<ReturnType<typeof engineWith>>;
@@ -26,14 +26,7 @@ afterAll(async () => {
   model?.dispose();
 });
 
-async function post(url: string, path: string, body: unknown) {
-  const res = await fetch(`${url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  return { status: res.status, json: (await res.json()) as any };
-}
+const post = postJson;
 
 const tok = (text: string) => [...model.tokenize(text, { addSpecial: false, parseSpecial: false })];
 // No prompt cache: a prefix reused from the slot and the rest decoded in another batch split can
