@@ -14,7 +14,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { freePort, summary } from './figures.mjs';
+import { argv, envOf, freePort, many, one, summary, waitFor } from './figures.mjs';
 
 // From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
 const CLI = [
@@ -22,14 +22,6 @@ const CLI = [
   new URL('./cli.cjs', import.meta.url).pathname,
 ].find((p) => existsSync(p));
 if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
-const argv = process.argv.slice(2);
-const one = (name, dflt) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : dflt;
-};
-const many = (name) => argv.flatMap((a, i) => (a === name ? [argv[i + 1]] : []));
-const envOf = (items) =>
-  Object.fromEntries(items.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 
 const policies = one('--policies', 'auto,solo,offload').split(',');
 const runs = Number(one('--runs', '3'));
@@ -42,15 +34,6 @@ if (!model) {
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 3, out: model });
 }
 const PROMPT = 'Hello world, this is a test';
-
-async function waitFor(check, ms, what) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`${what}: not within ${ms} ms`);
-}
 
 async function engine(flags, env, rpcPort) {
   const port = await freePort();

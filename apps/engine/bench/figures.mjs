@@ -1,4 +1,33 @@
-// Shared by the engine's benchmark scripts: a figure from raw samples, and a free loopback port.
+// Shared by the engine's benchmark scripts: a figure from raw samples, a free loopback port, the
+// flag readers and a bounded wait. Only node: builtins and native-ggml's addon-free ports module, so
+// the esbuild bundles of the scripts (benchmarks/gpu/bundle.mjs) run without node_modules.
+import { freeLoopbackPort } from '@hydra-engine/native-ggml/ports';
+
+/** The script's arguments. */
+export const argv = process.argv.slice(2);
+
+/** The value after `name` in the arguments, else `dflt`. */
+export const one = (name, dflt) => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : dflt;
+};
+
+/** Every value after a repeated `name`. */
+export const many = (name) => argv.flatMap((a, i) => (a === name ? [argv[i + 1]] : []));
+
+/** `K=V` items as an environment object. */
+export const envOf = (items) =>
+  Object.fromEntries(items.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+
+/** Polls `check` every `everyMs` until it resolves truthy; throws after `ms`. */
+export async function waitFor(check, ms, what, everyMs = 25) {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (await check().catch(() => false)) return;
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+  throw new Error(`${what}: not within ${ms} ms`);
+}
 
 /** Median, p99 and mean of `samples`, with the ratio to `anchor`'s median when one is given. */
 export function summary(name, unit, samples, anchor) {
@@ -16,4 +45,4 @@ export function summary(name, unit, samples, anchor) {
   return fig;
 }
 
-export { freeLoopbackPort as freePort } from '../dist/index.js';
+export const freePort = freeLoopbackPort;

@@ -16,15 +16,10 @@ import { execSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
-// Only node: builtins and native-ggml's addon-free ports module, so one esbuild bundle of this file
-// runs on a machine without node_modules (the GPU device: see --cli).
-import { freeLoopbackPort as freePort } from '@hydra-engine/native-ggml/ports';
+// figures.mjs holds only node: builtins and native-ggml's addon-free ports module, so one esbuild
+// bundle of this file runs on a machine without node_modules (the GPU device: see --cli).
+import { argv, envOf, freePort, many, one, summary, waitFor } from './figures.mjs';
 
-const argv = process.argv.slice(2);
-const one = (name, dflt) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : dflt;
-};
 // The engine CLI: --cli, else apps/engine/dist/cli.js beside this script, else the device bundle's
 // benchmarks/dist/gpu/cli.cjs under the working directory (benchmarks/gpu/bundle.mjs writes it).
 const CLI =
@@ -35,26 +30,8 @@ const CLI =
 if (!CLI)
   throw new Error('no engine CLI: pass --cli (apps/engine/dist/cli.js or benchmarks/dist/gpu/cli.cjs)');
 
-/** Median, p99 and mean of `samples` (figures.mjs's summary; that module loads the whole engine). */
-function summary(name, unit, samples, anchor) {
-  const v = [...samples].sort((a, b) => a - b);
-  const q = (p) => v[Math.min(v.length - 1, Math.floor(p * v.length))];
-  const mean = v.reduce((x, y) => x + y, 0) / v.length;
-  const fig = { name, unit, samples: v.length, median: q(0.5), p99: q(0.99), mean, anchor: null };
-  if (anchor)
-    fig.anchor = {
-      name: anchor.name,
-      median: anchor.median,
-      p99: anchor.p99,
-      ratio: fig.median / anchor.median,
-    };
-  return fig;
-}
 const writeSyntheticModel = async (o) =>
   (await import('@hydra-engine/native-ggml/synth')).writeSyntheticModel(o);
-const many = (name) => argv.flatMap((a, i) => (a === name ? [argv[i + 1]] : []));
-const envOf = (items) =>
-  Object.fromEntries(items.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 
 const cases = one('--cases', 'local,remote,split,moe').split(',');
 const localDevice = one('--local-device', 'CPU');
@@ -81,15 +58,6 @@ if (!moeModel && cases.includes('moe')) {
   await writeSyntheticModel({ arch: 'moe', shape: 'tiny', quant: 'q8_0', seed: 3, out: moeModel });
 }
 const PROMPT = 'Hello world, this is a test of the remote path';
-
-async function waitFor(check, ms, what) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`${what}: not within ${ms} ms`);
-}
 
 async function engine(flags, env) {
   const port = await freePort();

@@ -13,7 +13,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { freePort } from './figures.mjs';
+import { freePort, one, waitFor } from './figures.mjs';
 
 // From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
 const CLI = [
@@ -21,11 +21,6 @@ const CLI = [
   new URL('./cli.cjs', import.meta.url).pathname,
 ].find((p) => existsSync(p));
 if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
-const argv = process.argv.slice(2);
-const one = (name, dflt) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : dflt;
-};
 const shape = one('--shape', 'tiny');
 const quant = one('--quant', 'q8_0');
 const extraLayers = Number(one('--extra-layers', '4'));
@@ -41,15 +36,6 @@ const out = resolve(
   one('--out', new URL('../../../benchmarks/results/engine-spec-draft.json', import.meta.url).pathname),
 );
 const PROMPTS = ['Once upon a time', 'The quick brown fox jumps over', 'hello world, this is'];
-
-async function waitFor(check, ms, what) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${what}: not within ${ms} ms`);
-}
 
 /** Starts the engine (`kind` engine) or llama-server with `flags`; resolves once it serves. */
 async function server(kind, flags) {
@@ -85,6 +71,7 @@ async function server(kind, flags) {
     },
     600_000,
     `${kind} start`,
+    50,
   );
   const stop = async () => {
     child.kill('SIGTERM');
