@@ -1,5 +1,6 @@
 // Engines as their own processes for the COMBINE loss tests (a peer must be killable; a head's
 // parked threads stay its own).
+import type { ChildProcess } from 'node:child_process';
 import { type EngineProcess, spawnEngine as spawnKitEngine } from '@hydra-engine/test-kit';
 
 /** An engine process with its merged port (`rpc`: the `host:port` a head's `--rpc` takes). */
@@ -10,6 +11,39 @@ export async function spawnEngine(flags: string[], rpcPortWanted?: number): Prom
   const options = rpcPortWanted !== undefined ? { rpcPort: rpcPortWanted } : { rpc: true };
   return (await spawnKitEngine(['-t', '1', ...flags], options)) as Proc;
 }
+
+/**
+ * A peer, then a head in COMBINE with every layer of `model` on it (`--rpc`, `--device RPC0`,
+ * `-ngl 99`); both children go on `procs` as soon as they start, for the suite's afterAll to kill.
+ */
+export async function spawnCombined(
+  model: string,
+  headFlags: string[],
+  procs: ChildProcess[],
+  peerFlags: string[] = [],
+): Promise<{ peer: Proc; head: Proc }> {
+  const peer = await spawnEngine(peerFlags);
+  procs.push(peer.child);
+  const head = await spawnEngine([
+    '-m',
+    model,
+    '--rpc',
+    peer.rpc,
+    '--device',
+    'RPC0',
+    '-ngl',
+    '99',
+    ...headFlags,
+  ]);
+  procs.push(head.child);
+  return { peer, head };
+}
+
+/** A POST /control/configure with `delta`; its JSON reply. */
+export const configure = (url: string, delta: Record<string, unknown>) =>
+  fetch(`${url}/control/configure`, { method: 'POST', body: JSON.stringify(delta) }).then(
+    (r) => r.json() as Promise<{ success: boolean; tier?: string }>,
+  );
 
 export async function greedy(
   url: string,

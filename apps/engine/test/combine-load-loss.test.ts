@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { healthUntil, sleep } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { greedy, type Proc, spawnEngine } from './combine-helpers.js';
+import { greedy, type Proc, spawnCombined, spawnEngine } from './combine-helpers.js';
 import { tinyModel } from './helpers.js';
 
 // A peer lost while a CONFIGURE loads a model over ggml-RPC: the load thread must not park on the
@@ -72,21 +72,7 @@ describe('peer loss during a CONFIGURE load', () => {
 
   it('a COMBINE head whose peer dies while it loads another model: PEER_LOST, then failover (the previous COMBINE cannot be restored)', async () => {
     // Not told to index the file: its weights stream over the wire, which the kill interrupts.
-    const peer = await spawnEngine(['--no-configure-rpc-weights']);
-    procs.push(peer.child);
-    const head = await spawnEngine([
-      '-m',
-      tiny,
-      '-c',
-      '1024',
-      '--rpc',
-      peer.rpc,
-      '--device',
-      'RPC0',
-      '-ngl',
-      '99',
-    ]);
-    procs.push(head.child);
+    const { peer, head } = await spawnCombined(tiny, ['-c', '1024'], procs, ['--no-configure-rpc-weights']);
     const before = await greedy(head.url, PROMPT);
     expect(before.status).toBe(200);
     const reply = fetch(`${head.url}/control/configure`, {

@@ -2,7 +2,7 @@ import type { ChildProcess } from 'node:child_process';
 import { probeRpcServer } from '@hydra-engine/native-ggml';
 import { healthUntil } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { greedy, type Proc, spawnEngine } from './combine-helpers.js';
+import { configure, greedy, type Proc, spawnCombined, spawnEngine } from './combine-helpers.js';
 import { stream } from './control-helpers.js';
 import { engineWith, tinyModel, waitFor } from './helpers.js';
 
@@ -29,10 +29,6 @@ const status = (url: string) =>
         degraded?: Health['degraded'];
       }>,
   );
-const configure = (url: string, delta: Record<string, unknown>) =>
-  fetch(`${url}/control/configure`, { method: 'POST', body: JSON.stringify(delta) }).then(
-    (r) => r.json() as Promise<{ success: boolean; tier?: string }>,
-  );
 
 describe('peer loss: kill -9 of the peer during a streamed generation', () => {
   const PROMPT = 'Hello world, this is a test';
@@ -51,22 +47,7 @@ describe('peer loss: kill -9 of the peer during a streamed generation', () => {
 
   /** A head in COMBINE with one peer; kills the peer mid-stream; returns when the head is degraded. */
   async function killMidStream(headFlags: string[], before?: (head: Proc) => Promise<void>) {
-    const peer = await spawnEngine([]);
-    procs.push(peer.child);
-    const head = await spawnEngine([
-      '-m',
-      tiny,
-      '--rpc',
-      peer.rpc,
-      '--device',
-      'RPC0',
-      '-ngl',
-      '99',
-      '-c',
-      '4096',
-      ...headFlags,
-    ]);
-    procs.push(head.child);
+    const { peer, head } = await spawnCombined(tiny, ['-c', '4096', ...headFlags], procs);
     expect(await greedy(head.url, PROMPT)).toEqual({ status: 200, text: solo });
     if (before) await before(head);
     let killedAt = 0;

@@ -3,7 +3,7 @@
 // message text.
 import type { ChildProcess } from 'node:child_process';
 import { afterAll, describe, expect, it } from 'vitest';
-import { spawnEngine } from './combine-helpers.js';
+import { configure, spawnCombined, spawnEngine } from './combine-helpers.js';
 import { tinyModel, waitFor } from './helpers.js';
 
 type Line = Record<string, unknown>;
@@ -22,11 +22,6 @@ function events(log: string): Line[] {
   return out;
 }
 
-const configure = (url: string, delta: Record<string, unknown>) =>
-  fetch(`${url}/control/configure`, { method: 'POST', body: JSON.stringify(delta) }).then(
-    (r) => r.json() as Promise<{ success: boolean; tier?: string }>,
-  );
-
 describe('lifecycle log lines', () => {
   const procs: ChildProcess[] = [];
   afterAll(() => {
@@ -35,21 +30,7 @@ describe('lifecycle log lines', () => {
 
   it('names load, reconfigure, failover and rejoin with their causes', async () => {
     const tiny = await tinyModel();
-    const peer = await spawnEngine([]);
-    procs.push(peer.child);
-    const head = await spawnEngine([
-      '-m',
-      tiny,
-      '--rpc',
-      peer.rpc,
-      '--device',
-      'RPC0',
-      '-ngl',
-      '99',
-      '-c',
-      '1024',
-    ]);
-    procs.push(head.child);
+    const { peer, head } = await spawnCombined(tiny, ['-c', '1024'], procs);
     const find = (event: string, extra: (l: Line) => boolean = () => true) =>
       events(head.log()).filter((l) => l.event === event && extra(l));
 
