@@ -1,6 +1,7 @@
 import { dirname, join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { SseCompletion } from '@hydra-engine/test-kit';
+import { expect } from 'vitest';
 
 export { SseCompletion } from '@hydra-engine/test-kit';
 export { freeLoopbackPort as freePort } from '../src/ports.js';
@@ -55,4 +56,19 @@ export async function complete(url: string, body: Record<string, unknown>) {
     epoch: res.headers.get('x-hydra-config-epoch'),
     json: (await res.json()) as any,
   };
+}
+
+/**
+ * A greedy continuation of `body.prompt` (prompt + generated tokens) on a slot whose KV was
+ * restored: expects the tokens `want` and every prompt token but the last generated one (not
+ * decoded yet when the state was saved) read from that KV.
+ */
+export async function expectRestoredContinuation(
+  url: string,
+  body: Record<string, unknown> & { prompt: number[] },
+  want: number[],
+): Promise<void> {
+  const r = await complete(url, { ...body, cache_prompt: true });
+  expect(r.json.choices[0].tokens).toEqual(want);
+  expect(r.json.usage.prompt_tokens_details.cached_tokens).toBe(body.prompt.length - 1);
 }

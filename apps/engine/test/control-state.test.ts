@@ -1,6 +1,6 @@
 import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { complete, freePort } from './control-helpers.js';
+import { complete, expectRestoredContinuation, freePort } from './control-helpers.js';
 import { engineWith, tinyModel } from './helpers.js';
 
 type Running = Awaited<ReturnType<typeof engineWith>>;
@@ -58,26 +58,16 @@ it('STATE_GET then STATE_PUT into a second engine continues identically', async 
   }
 
   const cont = [...prompt, ...got];
-  const onB = await complete(b.url, {
-    ...greedy,
-    prompt: cont,
-    max_tokens: 12,
-    slot_id: 0,
-    cache_prompt: true,
-  });
-  expect(onB.json.choices[0].tokens).toEqual(want.slice(12));
-  // Everything but the last generated token came from the restored KV.
-  expect(onB.json.usage.prompt_tokens_details.cached_tokens).toBe(cont.length - 1);
-
-  const onA = await complete(a.url, {
-    ...greedy,
-    prompt: cont,
-    max_tokens: 12,
-    slot_id: 1,
-    cache_prompt: true,
-  });
-  expect(onA.json.choices[0].tokens).toEqual(want.slice(12));
-  expect(onA.json.usage.prompt_tokens_details.cached_tokens).toBe(cont.length - 1);
+  await expectRestoredContinuation(
+    b.url,
+    { ...greedy, prompt: cont, max_tokens: 12, slot_id: 0 },
+    want.slice(12),
+  );
+  await expectRestoredContinuation(
+    a.url,
+    { ...greedy, prompt: cont, max_tokens: 12, slot_id: 1 },
+    want.slice(12),
+  );
 });
 
 it('a tampered slot state is refused, and so is a busy slot', async () => {

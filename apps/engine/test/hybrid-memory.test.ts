@@ -5,7 +5,7 @@ import { HydraClient } from '@hydra-engine/hydra-rpc';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { GenerationParams } from '../src/engine.js';
-import { freePort, complete as http } from './control-helpers.js';
+import { expectRestoredContinuation, freePort, complete as http } from './control-helpers.js';
 import { engineWith } from './helpers.js';
 
 // What touches a slot's memory, on the hybrid models (recurrent state on most blocks, KV on every
@@ -99,15 +99,11 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s memory', (arch) => {
     });
     expect(restore.status).toBe(200);
     const cont = [...prompt, ...got];
-    const r = await http(again.url, {
-      ...greedy,
-      prompt: cont,
-      max_tokens: 10,
-      id_slot: 0,
-      cache_prompt: true,
-    });
-    expect(r.json.choices[0].tokens).toEqual(want.slice(10));
-    expect(r.json.usage.prompt_tokens_details.cached_tokens).toBe(cont.length - 1);
+    await expectRestoredContinuation(
+      again.url,
+      { ...greedy, prompt: cont, max_tokens: 10, id_slot: 0 },
+      want.slice(10),
+    );
     await close(again);
   }, 60_000);
 
@@ -155,15 +151,11 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s memory', (arch) => {
         await close(narrow);
       }
       const cont = [...prompt, ...got];
-      const r = await http(other.url, {
-        ...greedy,
-        prompt: cont,
-        max_tokens: 8,
-        id_slot: 1,
-        cache_prompt: true,
-      });
-      expect(r.json.choices[0].tokens).toEqual(want.slice(8));
-      expect(r.json.usage.prompt_tokens_details.cached_tokens).toBe(cont.length - 1);
+      await expectRestoredContinuation(
+        other.url,
+        { ...greedy, prompt: cont, max_tokens: 8, id_slot: 1 },
+        want.slice(8),
+      );
     } finally {
       ca.close();
       cb.close();
