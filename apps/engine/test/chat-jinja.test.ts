@@ -3,7 +3,15 @@ import { Model } from '@hydra-engine/native-ggml';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
-import { engineWith, postJson, tinyModel, tinyToolsModel, toolCallBias } from './helpers.js';
+import {
+  engineWith,
+  pickCityParameters,
+  postJson,
+  tinyModel,
+  tinyToolsModel,
+  toolCallBias,
+  weatherTool,
+} from './helpers.js';
 
 // Chat through llama.cpp's common chat layer (--jinja, the default) on the tiny model with
 // chat: 'tools' (a Qwen 2.5-style Jinja template with tools, <tool_call> tokens), with the
@@ -18,20 +26,10 @@ const pick = {
   function: {
     name: 'pick_city',
     description: 'Pick a city to visit',
-    parameters: {
-      type: 'object',
-      properties: {
-        city: { type: 'string', enum: ['Paris', 'Rome'] },
-        days: { type: 'integer', minimum: 1, maximum: 9 },
-      },
-      required: ['city', 'days'],
-    },
+    parameters: pickCityParameters,
   },
 };
-const weather = {
-  type: 'function' as const,
-  function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
-};
+const weather = weatherTool;
 
 // The chat layer's grammar lets text come before a call: toolCallBias favours "<tool_call>\n" and
 // the end of the turn. What the call holds is the grammar's doing alone.

@@ -54,3 +54,19 @@ export async function toolCallBias(model: Model): Promise<Record<string, number>
   const [newline] = await model.tokenizeAsync('\n', { addSpecial: false });
   return { [model.info.nVocab - 2]: 10, [newline!]: 10, [model.info.eos]: 20 };
 }
+
+/** The tool suites' `pick_city` arguments: a city of two and 1-9 days, both required. */
+export const pickCityParameters = {
+  type: 'object',
+  properties: {
+    city: { type: 'string', enum: ['Paris', 'Rome'] },
+    days: { type: 'integer', minimum: 1, maximum: 9 },
+  },
+  required: ['city', 'days'],
+};
+
+/** A chat tool whose arguments are all optional. */
+export const weatherTool = {
+  type: 'function' as const,
+  function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
+};

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { freePort, REPO, waitFor } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { engineWith } from './helpers.js';
+import { engineWith, pickCityParameters, weatherTool } from './helpers.js';
 
 const LLAMA_SERVER = `${REPO}/packages/native-ggml/build/bin/llama-server`;
 
@@ -161,20 +161,10 @@ const pick = {
   type: 'function',
   function: {
     name: 'pick_city',
-    parameters: {
-      type: 'object',
-      properties: {
-        city: { type: 'string', enum: ['Paris', 'Rome'] },
-        days: { type: 'integer', minimum: 1, maximum: 9 },
-      },
-      required: ['city', 'days'],
-    },
+    parameters: pickCityParameters,
   },
 };
-const weather = {
-  type: 'function',
-  function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
-};
+const weather = weatherTool;
 const conversation = [
   { role: 'system', content: 'Plan trips.' },
   { role: 'user', content: 'Weather in Paris?' },

@@ -4,7 +4,7 @@ import { Model } from '@hydra-engine/native-ggml';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { responsesToChat } from '../src/routes/responses.js';
-import { engineWith, tinyToolsModel, toolCallBias } from './helpers.js';
+import { engineWith, pickCityParameters, tinyToolsModel, toolCallBias } from './helpers.js';
 
 let model: Model;
 let eng: Awaited<ReturnType<typeof engineWith>>;
@@ -15,14 +15,7 @@ const pick = {
   type: 'function' as const,
   name: 'pick_city',
   description: 'Pick a city to visit',
-  parameters: {
-    type: 'object',
-    properties: {
-      city: { type: 'string', enum: ['Paris', 'Rome'] },
-      days: { type: 'integer', minimum: 1, maximum: 9 },
-    },
-    required: ['city', 'days'],
-  },
+  parameters: pickCityParameters,
   strict: true,
 };
 
