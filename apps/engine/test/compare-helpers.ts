@@ -38,3 +38,41 @@ export async function metric(eng: { url: string }, name: string): Promise<number
   if (value === undefined) throw new Error(`${name} not in /metrics`);
   return value;
 }
+
+/**
+ * Opens a streamed completion and reads it until `n - 1` `data:` events came (or it ended), so the
+ * generation is well inside its decode loop; `cancel` aborts it and waits for the read to settle.
+ */
+export async function streamInto(
+  eng: { url: string },
+  body: Record<string, unknown>,
+  n: number,
+): Promise<{ cancel: () => Promise<void> }> {
+  const ctl = new AbortController();
+  const res = await fetch(`${eng.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: ctl.signal,
+  });
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let seen = '';
+  while (seen.split('data:').length < n) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    seen += decoder.decode(value);
+  }
+  return {
+    cancel: async () => {
+      ctl.abort();
+      await reader.read().catch(() => undefined);
+    },
+  };
+}
+
+/** Polls hydra_slots_busy every 10 ms, at most `tries` times, until no slot is busy. */
+export async function untilSlotsIdle(eng: { url: string }, tries: number): Promise<void> {
+  for (let i = 0; i < tries && (await metric(eng, 'hydra_slots_busy')) > 0; i++)
+    await new Promise((r) => setTimeout(r, 10));
+}

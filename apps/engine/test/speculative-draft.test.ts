@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseServeArgs } from '../src/args.js';
 import { freeLoopbackPort } from '../src/ports.js';
 import { startEngine } from '../src/serve.js';
-import { complete, metric } from './compare-helpers.js';
+import { complete, metric, streamInto, untilSlotsIdle } from './compare-helpers.js';
 import { engineWith } from './helpers.js';
 
 // Speculative decoding with a draft model (speculative.model, llama-server's -md; draft_simple)
@@ -136,33 +136,15 @@ describe('draft-model speculative decoding', () => {
 
   it('a cancel inside a speculated stream frees the slot and the next request is unchanged', async () => {
     const cancelled0 = await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}');
-    const ctl = new AbortController();
-    const res = await fetch(`${spec.url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({
-        prompt: PROMPTS[1],
-        max_tokens: 1500,
-        ignore_eos: true,
-        stream: true,
-        temperature: 0,
-      }),
-      signal: ctl.signal,
-    });
-    const reader = res.body!.getReader();
-    const decoder = new TextDecoder();
-    let seen = '';
-    while (seen.split('data:').length < 200) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      seen += decoder.decode(value);
-    }
+    const stream = await streamInto(
+      spec,
+      { prompt: PROMPTS[1], max_tokens: 1500, ignore_eos: true, stream: true, temperature: 0 },
+      200,
+    );
     const running = (await (await fetch(`${spec.url}/slots`)).json()) as Record<string, unknown>[];
     expect(running.find((x) => x.speculative === true)?.speculative_type).toBe('draft_simple');
-    ctl.abort();
-    await reader.read().catch(() => undefined);
-    for (let i = 0; i < 500 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)
-      await new Promise((r) => setTimeout(r, 10));
+    await stream.cancel();
+    await untilSlotsIdle(spec, 500);
     expect(await metric(spec, 'hydra_slots_busy')).toBe(0);
     expect(await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}')).toBe(cancelled0 + 1);
     const body = { prompt: PROMPTS[1], max_tokens: 40, ignore_eos: true };

@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { complete, metric } from './compare-helpers.js';
+import { complete, metric, streamInto, untilSlotsIdle } from './compare-helpers.js';
 import { engineWith, tinyModel } from './helpers.js';
 
 // n-gram speculative decoding (speculative.types ngram_simple) against the same engine without
@@ -124,32 +124,14 @@ describe('n-gram speculative decoding', () => {
   });
 
   it('a cancel in the guessing part of a stream frees the slot and the next request is unchanged', async () => {
-    const ctl = new AbortController();
-    const res = await fetch(`${spec.url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({
-        prompt: 'hello world',
-        max_tokens: 900,
-        ignore_eos: true,
-        stream: true,
-        temperature: 0,
-      }),
-      signal: ctl.signal,
-    });
-    const reader = res.body!.getReader();
-    const decoder = new TextDecoder();
-    let seen = '';
     // Into the loop where guesses are confirmed (see above), then cancel.
-    while (seen.split('data:').length < 480) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      seen += decoder.decode(value);
-    }
-    ctl.abort();
-    await reader.read().catch(() => undefined);
-    for (let i = 0; i < 200 && (await metric(spec, 'hydra_slots_busy')) > 0; i++)
-      await new Promise((r) => setTimeout(r, 10));
+    const stream = await streamInto(
+      spec,
+      { prompt: 'hello world', max_tokens: 900, ignore_eos: true, stream: true, temperature: 0 },
+      480,
+    );
+    await stream.cancel();
+    await untilSlotsIdle(spec, 200);
     expect(await metric(spec, 'hydra_slots_busy')).toBe(0);
     expect(await metric(spec, 'hydra_requests_total{finish_reason="cancelled"}')).toBe(1);
     const body = { prompt: REPETITIVE, max_tokens: 40, ignore_eos: true };
