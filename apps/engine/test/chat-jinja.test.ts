@@ -10,6 +10,7 @@ import {
   tinyModel,
   tinyToolsModel,
   toolCallBias,
+  toolConversation,
   weatherTool,
 } from './helpers.js';
 
@@ -55,19 +56,7 @@ function checkPick(args: string): void {
   expect(Number.isInteger(a.days) && a.days >= 1 && a.days <= 9).toBe(true);
 }
 
-const conversation = [
-  { role: 'system', content: 'Plan trips.' },
-  { role: 'user', content: 'Weather in Paris?' },
-  {
-    role: 'assistant',
-    content: null,
-    tool_calls: [
-      { id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
-    ],
-  },
-  { role: 'tool', tool_call_id: 'c1', content: 'sunny' },
-  { role: 'user', content: 'Then pick a city.' },
-];
+const conversation = toolConversation;
 
 describe('chat through the common chat layer', () => {
   it('/apply-template renders what llama.cpp common chat layer gives for the same body (tools, tool calls, results)', async () => {

@@ -70,3 +70,18 @@ export const weatherTool = {
   type: 'function' as const,
   function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
 };
+
+/** A chat that already holds a get_weather call and its result, ending on a user turn. */
+export const toolConversation = [
+  { role: 'system', content: 'Plan trips.' },
+  { role: 'user', content: 'Weather in Paris?' },
+  {
+    role: 'assistant',
+    content: null,
+    tool_calls: [
+      { id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
+    ],
+  },
+  { role: 'tool', tool_call_id: 'c1', content: 'sunny' },
+  { role: 'user', content: 'Then pick a city.' },
+];

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { freePort, REPO, waitFor } from '@hydra-engine/test-kit';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { engineWith, pickCityParameters, weatherTool } from './helpers.js';
+import { engineWith, pickCityParameters, toolConversation, weatherTool } from './helpers.js';
 
 const LLAMA_SERVER = `${REPO}/packages/native-ggml/build/bin/llama-server`;
 
@@ -165,19 +165,7 @@ const pick = {
   },
 };
 const weather = weatherTool;
-const conversation = [
-  { role: 'system', content: 'Plan trips.' },
-  { role: 'user', content: 'Weather in Paris?' },
-  {
-    role: 'assistant',
-    content: null,
-    tool_calls: [
-      { id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
-    ],
-  },
-  { role: 'tool', tool_call_id: 'c1', content: 'sunny' },
-  { role: 'user', content: 'Then pick a city.' },
-];
+const conversation = toolConversation;
 const schema = { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] };
 
 if (!existsSync(LLAMA_SERVER))
