@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { initBackend, Model } from '../src/index.js';
-import { binDir, run, tinyModel } from './helpers.js';
+import { binDir, greedyBatched, run, tinyModel } from './helpers.js';
 
 const PROMPT = 'Hello world, this is a test';
 
@@ -77,28 +77,7 @@ describe('sequences and state', () => {
   it('batches several sequences in one step with the same result as one at a time', async () => {
     const prompts = ['Hello world', 'The quick brown fox', 'one two three four'];
     const alone = await Promise.all(prompts.map((p) => greedy(model, p, 6)));
-    const ctx = await model.createContext({ nCtx: 512, nBatch: 64, nSeqMax: prompts.length });
-    const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
-    const tokens = prompts.map((p) => model.tokenize(p));
-    const pos = tokens.map((t) => t.length);
-    let r = await ctx.decode(
-      prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })),
-    );
-    const outs = prompts.map((_, i) => [r.tokens[i]!]);
-    for (let step = 1; step < 6; step++) {
-      r = await ctx.decode(
-        prompts.map((_, i) => ({
-          seq: i,
-          pos: pos[i]! + step - 1,
-          tokens: [outs[i]!.at(-1)!],
-          sampler: samplers[i]!,
-        })),
-      );
-      for (const [i, o] of outs.entries()) o.push(r.tokens[i]!);
-    }
-    expect(outs).toEqual(alone);
-    for (const s of samplers) s.dispose();
-    await ctx.dispose();
+    expect(await greedyBatched(model, prompts, 6)).toEqual(alone);
   });
 
   it('splits a prompt longer than n_batch across native chunks', async () => {

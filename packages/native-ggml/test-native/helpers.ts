@@ -10,6 +10,7 @@ import {
   detachFd,
   freeLoopbackPort as freePort,
   listDevices,
+  type Model,
   peekFirstByte,
   probeRpcServer,
 } from '../src/index.js';
@@ -160,4 +161,35 @@ export function maxAbsDiff(a: number[], b: number[]): number {
   let max = 0;
   for (let i = 0; i < a.length; i++) max = Math.max(max, Math.abs(a[i]! - b[i]!));
   return max;
+}
+
+/**
+ * `n` greedy tokens of each prompt, every sequence decoded in the same batch at each step (one
+ * context, one sequence per prompt); for comparing with the prompts decoded one at a time.
+ */
+export async function greedyBatched(model: Model, prompts: string[], n: number): Promise<number[][]> {
+  const ctx = await model.createContext({ nCtx: 512, nBatch: 64, nSeqMax: prompts.length });
+  const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
+  try {
+    const tokens = prompts.map((p) => model.tokenize(p));
+    let r = await ctx.decode(
+      prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })),
+    );
+    const outs = prompts.map((_, i) => [r.tokens[i]!]);
+    for (let step = 1; step < n; step++) {
+      r = await ctx.decode(
+        prompts.map((_, i) => ({
+          seq: i,
+          pos: tokens[i]!.length + step - 1,
+          tokens: [outs[i]!.at(-1)!],
+          sampler: samplers[i]!,
+        })),
+      );
+      for (const [i, o] of outs.entries()) o.push(r.tokens[i]!);
+    }
+    return outs;
+  } finally {
+    for (const s of samplers) s.dispose();
+    await ctx.dispose();
+  }
 }

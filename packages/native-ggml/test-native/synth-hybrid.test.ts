@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Context, initBackend, Model } from '../src/index.js';
 import { writeSyntheticModel } from '../src/synth/index.js';
-import { binDir, run } from './helpers.js';
+import { binDir, greedyBatched, run } from './helpers.js';
 
 // The hybrid synthetic models (gated delta-net recurrent blocks + full attention every 4th block)
 // through the binding: greedy output equals stock llama-simple's, logits stay finite, and what the
@@ -200,30 +200,7 @@ describe('hybrid memory (qwen35 tiny f32)', () => {
   it('batches several sequences in one step with the same tokens as one at a time', async () => {
     const prompts = ['Hello world', 'The quick brown fox', 'one two three four'];
     const alone = await Promise.all(prompts.map((p) => greedy(model, p, 6)));
-    const ctx = await model.createContext({ nCtx: 512, nBatch: 64, nSeqMax: prompts.length });
-    const samplers = prompts.map(() => model.createSampler({ temp: 0 }));
-    try {
-      const tokens = prompts.map((p) => model.tokenize(p));
-      let r = await ctx.decode(
-        prompts.map((_, i) => ({ seq: i, pos: 0, tokens: tokens[i]!, sampler: samplers[i]! })),
-      );
-      const outs = prompts.map((_, i) => [r.tokens[i]!]);
-      for (let step = 1; step < 6; step++) {
-        r = await ctx.decode(
-          prompts.map((_, i) => ({
-            seq: i,
-            pos: tokens[i]!.length + step - 1,
-            tokens: [outs[i]!.at(-1)!],
-            sampler: samplers[i]!,
-          })),
-        );
-        for (const [i, o] of outs.entries()) o.push(r.tokens[i]!);
-      }
-      expect(outs).toEqual(alone.map((a) => a.slice(0, 6)));
-    } finally {
-      for (const s of samplers) s.dispose();
-      await ctx.dispose();
-    }
+    expect(await greedyBatched(model, prompts, 6)).toEqual(alone.map((a) => a.slice(0, 6)));
   });
 
   it('queues follow steps back to back with the same tokens as awaiting each', async () => {
