@@ -1,5 +1,5 @@
-import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { HydraClient } from '@hydra-engine/hydra-rpc';
@@ -16,12 +16,29 @@ import { engineWith, runCli } from './helpers.js';
 const tool = join(dirname(addonCandidates().find((p) => existsSync(p)) ?? '.'), 'llama-embedding');
 const TEXTS = ['Hello world, this is a test', 'the cat sat on the mat'];
 
-function run(args: string[]): Promise<string> {
-  return new Promise((resolve, reject) => {
-    execFile(tool, args, { timeout: 120_000, maxBuffer: 64 << 20 }, (err, stdout) =>
-      err ? reject(err) : resolve(stdout),
-    );
-  });
+// stdout to a file, not a pipe: llama-embedding prints through llama.cpp's asynchronous log, whose
+// worker thread a filling pipe held back long enough for the exit to cut the output.
+async function run(args: string[]): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'hydra-embd-out-'));
+  const out = join(dir, 'stdout');
+  const fd = openSync(out, 'w');
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn(tool, args, { stdio: ['ignore', fd, 'ignore'] });
+      const timer = setTimeout(() => child.kill('SIGKILL'), 120_000);
+      child.once('error', reject);
+      child.once('exit', (code, signal) => {
+        clearTimeout(timer);
+        if (code === 0) resolve();
+        else reject(new Error(`llama-embedding exited ${code ?? signal}`));
+      });
+    });
+  } finally {
+    closeSync(fd);
+  }
+  const text = readFileSync(out, 'utf8');
+  rmSync(dir, { recursive: true, force: true });
+  return text;
 }
 
 /**

@@ -268,7 +268,7 @@ describe('draft-model speculative decoding', () => {
     } finally {
       await peer.close();
     }
-  });
+  }, 120_000); // 0.6 s alone; on a loaded machine 3 of 6 runs took ~32 s (a wait not yet explained: docs/decisions.md)
 
   it('a draft whose vocabulary differs from the target is refused by code', async () => {
     const other = join(dir, 'tools-draft.gguf');

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Context, initBackend, Model, type PoolingType } from '../src/index.js';
 import { writeSyntheticModel } from '../src/synth/index.js';
-import { binDir, maxAbsDiff, run, tinyModel } from './helpers.js';
+import { binDir, maxAbsDiff, runToFile, tinyModel } from './helpers.js';
 
 // Embeddings through the binding equal what the pinned tree's own llama-embedding prints for the
 // same model, prompts, pooling and normalization.
@@ -14,9 +14,9 @@ const tool = join(binDir, 'llama-embedding');
 
 /**
  * llama-embedding's printed embeddings (`--embd-output-format array`). Its log thread may still be
- * printing when main returns (common_log is never destroyed), which cuts the output short now and
- * then, more often on a loaded machine: a run whose output does not parse to every row is run again,
- * at most 20 times.
+ * printing when main returns (common_log is never destroyed), which cut the output short through a
+ * pipe on a loaded machine: stdout goes to a file (see runToFile), and a run whose output still does
+ * not parse to every row is run again, at most 20 times.
  */
 async function reference(
   path: string,
@@ -27,7 +27,7 @@ async function reference(
 ): Promise<number[][]> {
   let last = '';
   for (let attempt = 0; attempt < 20; attempt++) {
-    const { stdout } = await run(
+    const stdout = await runToFile(
       tool,
       [
         '-m',
@@ -228,7 +228,7 @@ describe.skipIf(!existsSync(tool))('rank pooling on the synthetic qwen3 reranker
     // Run again while its output is cut short, as reference() does.
     let scores: number[] = [];
     for (let attempt = 0; attempt < 20 && scores.length < 2; attempt++) {
-      const { stdout } = await run(
+      const stdout = await runToFile(
         tool,
         ['-m', path, '--pooling', 'rank', '--embd-normalize', '-1', '-c', '512', '-p', PROMPTS.join('\n')],
         120_000,

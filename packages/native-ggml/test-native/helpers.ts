@@ -1,5 +1,5 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -48,6 +48,35 @@ export function run(
       else resolve({ stdout, stderr });
     });
   });
+}
+
+/**
+ * Runs `file` with its stdout written to a file, not a pipe, and resolves with what it wrote. For
+ * tools that print through llama.cpp's asynchronous common_log (llama-embedding): its worker thread
+ * is still writing when main returns, and a pipe that fills up (the reader busy) holds it back long
+ * enough for the exit to cut the output; a file never blocks it.
+ */
+export async function runToFile(file: string, args: string[], timeoutMs = 60_000): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'hydra-stdout-'));
+  const out = join(dir, 'stdout');
+  const fd = openSync(out, 'w');
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn(file, args, { stdio: ['ignore', fd, 'ignore'] });
+      const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+      child.once('error', reject);
+      child.once('exit', (code, signal) => {
+        clearTimeout(timer);
+        if (code === 0) resolve();
+        else reject(new Error(`${file} exited ${code ?? signal}`));
+      });
+    });
+  } finally {
+    closeSync(fd);
+  }
+  const text = readFileSync(out, 'utf8');
+  rmSync(dir, { recursive: true, force: true });
+  return text;
 }
 
 export interface ClientResult {

@@ -20,7 +20,7 @@ import { CMD, command, RPC_TENSOR_BYTES, RpcConn } from './lib/ggml-rpc.js';
 
 const CASES = 300;
 const AFTER = 6; // messages sent after the mutated one
-const BUDGET_MS = 150_000; // 9-63 s on a 2-core machine, depending on what else runs
+const BUDGET_MS = 220_000; // 9-63 s on an idle 2-core machine; 145 cases in 150 s beside other test runs
 
 interface Msg {
   cmd: number;
@@ -472,7 +472,7 @@ describe('ggml-RPC fuzzing of a recorded real session', () => {
     });
     // a bounded run: every planned case ran within the time budget
     expect(cases).toBe(CASES);
-  }, 240_000);
+  }, 300_000);
 
   it('after the fuzzing, HTTP answers, a clean replay and a stock client compute the right values', async () => {
     expect((await completion(eng.url)).status).toBe(200);
