@@ -24,7 +24,9 @@ async function run(args: string[]): Promise<string> {
   const fd = openSync(out, 'w');
   try {
     await new Promise<void>((resolve, reject) => {
-      const child = spawn(tool, args, { stdio: ['ignore', fd, 'ignore'] });
+      // libhydra-log-flush (native-ggml's native-tools/log_flush.cpp) joins that worker at exit.
+      const env = { ...process.env, LD_PRELOAD: join(dirname(tool), 'libhydra-log-flush.so') };
+      const child = spawn(tool, args, { stdio: ['ignore', fd, 'ignore'], env });
       const timer = setTimeout(() => child.kill('SIGKILL'), 120_000);
       child.once('error', reject);
       child.once('exit', (code, signal) => {

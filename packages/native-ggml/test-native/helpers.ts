@@ -57,12 +57,14 @@ export function run(
  * enough for the exit to cut the output; a file never blocks it.
  */
 export async function runToFile(file: string, args: string[], timeoutMs = 60_000): Promise<string> {
+  // libhydra-log-flush (native-tools/log_flush.cpp) joins that worker at exit, so nothing is lost.
+  const env = { ...process.env, LD_PRELOAD: join(dirname(file), 'libhydra-log-flush.so') };
   const dir = mkdtempSync(join(tmpdir(), 'hydra-stdout-'));
   const out = join(dir, 'stdout');
   const fd = openSync(out, 'w');
   try {
     await new Promise<void>((resolve, reject) => {
-      const child = spawn(file, args, { stdio: ['ignore', fd, 'ignore'] });
+      const child = spawn(file, args, { stdio: ['ignore', fd, 'ignore'], env });
       const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
       child.once('error', reject);
       child.once('exit', (code, signal) => {
