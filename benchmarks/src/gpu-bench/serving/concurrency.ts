@@ -28,6 +28,7 @@ async function batchedBench(c: ServingContext): Promise<Map<number, number[]>> {
     'jsonl',
   ];
   if (opts.threads) base.push('-t', String(opts.threads), '-tb', String(opts.threads));
+  if (opts.kvUnified) base.push('-kvu');
   const byLevel = new Map<number, number[]>(opts.levels.map((l) => [l, []]));
   let runs = 0;
   for (let r = 0; r < opts.reps; r++) {
@@ -139,7 +140,7 @@ export const concurrency: Part<ServingContext> = {
           }
         : null;
     const what = (l: number) =>
-      `${l} concurrent x ${opts.concTokens} tokens, ${c.modelLabel}, -np ${opts.np}`;
+      `${l} concurrent x ${opts.concTokens} tokens, ${c.modelLabel}, -np ${opts.np}${opts.kvUnified ? ' -kvu' : ''}`;
     for (const level of opts.levels) {
       const sweep = (family: string) => ({
         family: `${family}, ${c.modelLabel}`,

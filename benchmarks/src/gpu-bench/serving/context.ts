@@ -25,7 +25,7 @@ export const SERVERS = ['engine', 'llama-server'] as const;
 export type ServerKind = (typeof SERVERS)[number];
 
 export const USAGE = `usage: node benchmarks/gpu/serving.mjs [--model models/bench/llama-8b-q4_0.gguf] [--only ${PARTS.join(',')}] [--servers ${SERVERS.join(',')}]
-  [--ngl 99] [--fa on] [--threads N] [--np 32] [--reps 3] [--tools DIR] [--out DIR] [--budget-s 570]
+  [--ngl 99] [--fa on] [--threads N] [--np 32] [--kv-unified] [--reps 3] [--tools DIR] [--out DIR] [--budget-s 570]
   stall:       [--streams 8] [--stream-tokens 512] [--long-tokens 5000] [--arrive-after 32]
                [--budgets 64,128,256,512,1024,2048] [--ubatch N] [--stall-ctx N]
   concurrency: [--levels 1,4,16,32] [--conc-tokens 256] [--conc-prompt 32] [--conc-ctx N]`;
@@ -38,6 +38,8 @@ export interface ServingOptions {
   fa: 'on' | 'off' | 'auto';
   threads: number | undefined;
   np: number;
+  /** -kvu for llama-server, the engine and llama-batched-bench: one KV buffer shared by all slots. */
+  kvUnified: boolean;
   reps: number;
   tools: string | undefined;
   out: string | undefined;
@@ -63,6 +65,7 @@ export const DEFAULTS: ServingOptions = {
   fa: 'on',
   threads: undefined,
   np: 32,
+  kvUnified: false,
   reps: 3,
   tools: undefined,
   out: undefined,
@@ -107,6 +110,9 @@ export const FLAGS: FlagTable<ServingOptions> = {
   '--conc-prompt': ['concPrompt', pos],
   '--conc-ctx': ['concCtx', pos],
 };
+
+/** Flags without a value. */
+export const SWITCHES = { '--kv-unified': 'kvUnified' } as const;
 
 /** Checks the flags against each other; `defaultModel` when --model is absent. */
 export function checkOptions(o: ServingOptions, defaultModel: string): ServingOptions & { model: string } {
@@ -191,6 +197,7 @@ export class ServingContext {
     if (budget !== undefined)
       f.push('-b', String(budget), '-ub', String(Math.min(o.ubatch ?? budget, budget)));
     if (o.threads) f.push('-t', String(o.threads), '-tb', String(o.threads));
+    if (o.kvUnified) f.push('-kvu');
     return f;
   }
 

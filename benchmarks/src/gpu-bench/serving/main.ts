@@ -12,6 +12,7 @@ import {
   DEFAULTS,
   FLAGS,
   ServingContext,
+  SWITCHES,
   USAGE,
 } from './context.js';
 import { stall } from './stall.js';
@@ -28,7 +29,7 @@ const PART_LIST: readonly Part<Ctx>[] = [stall, concurrency];
 export async function main(argv: readonly string[], entryUrl: string): Promise<number> {
   let opts: ReturnType<typeof checkOptions>;
   try {
-    const parsed = parseFlags(argv, DEFAULTS, FLAGS);
+    const parsed = parseFlags(argv, DEFAULTS, FLAGS, SWITCHES);
     if (parsed === 'help') {
       console.log(USAGE);
       return 0;
@@ -48,7 +49,13 @@ export async function main(argv: readonly string[], entryUrl: string): Promise<n
     model: opts.model,
     engine: loc.engineCli,
     tools: loc.toolsDir,
-    flags: { ngl: opts.ngl, fa: opts.fa, threads: opts.threads ?? 'default', np: opts.np },
+    flags: {
+      ngl: opts.ngl,
+      fa: opts.fa,
+      threads: opts.threads ?? 'default',
+      np: opts.np,
+      ...(opts.kvUnified ? { kv_unified: true } : {}),
+    },
     llama_server_flags: '--no-webui --cache-ram 0 (no host-RAM prompt cache: the engine has none)',
     llama_server_requests:
       'logit_bias bans ids 131-258 (byte tokens 0x80-0xFF of the synthetic vocabularies): its output parser fails on invalid UTF-8',

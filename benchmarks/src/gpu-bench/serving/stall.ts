@@ -128,7 +128,7 @@ export const stall: Part<ServingContext> = {
   estimateS: 30,
   async run(c) {
     const { opts, h, notes } = c;
-    const what = `${opts.streams} streams + ${opts.longTokens}-token prompt, ${c.modelLabel}, -np ${opts.np}`;
+    const what = `${opts.streams} streams + ${opts.longTokens}-token prompt, ${c.modelLabel}, -np ${opts.np}${opts.kvUnified ? ' -kvu' : ''}`;
     const stallRuns = notes.stall.runs as Record<
       string,
       { engine: StallRun | null; 'llama-server': StallRun | null }

@@ -1,10 +1,12 @@
 import { execFileSync } from 'node:child_process';
 import { join, resolve } from 'node:path';
-import { planSyntheticModel, type SynthShape } from '@hydra-engine/native-ggml/synth';
+import { planSyntheticModel, SYNTH_ARCH_SHAPES, type SynthShape } from '@hydra-engine/native-ggml/synth';
 import type { Figure } from '../../schema.js';
 import {
+  badFlag,
   choiceOf,
   type FlagTable,
+  type FlagValue,
   type Harness,
   type LlamaBenchResult,
   type Locations,
@@ -25,6 +27,7 @@ export const PARTS = ['synth', 'solo', 'rpc', 'combine', 'boot', 'control', 'swi
 export type PartName = (typeof PARTS)[number];
 
 export const USAGE = `usage: node benchmarks/gpu/run.mjs [--only ${PARTS.join(',')}] [--shapes 8b,27b] [--moe-shape 8b]
+  [--hybrid-shapes qwen35-27b,qwen35moe-35b-a3b]
   [--rpc-shape 8b] [--combine-shapes 8b] [--peer-gpu N] [--load-shape 27b] [--reps 3] [--ngl 99] [--models DIR] [--tools DIR] [--out DIR]
   [--bandwidth-gbs N] [--budget-s 570] [--cold-reps 1] [--dry-run]`;
 
@@ -32,6 +35,8 @@ export interface SystemOptions {
   only: PartName[];
   shapes: string[];
   moeShape: string;
+  /** Hybrid (recurrent + attention) models for synth and solo, as `<arch>-<shape>`; none by default. */
+  hybridShapes: HybridModel[];
   rpcShape: string;
   combineShapes: string[];
   peerGpu: number | undefined;
@@ -51,6 +56,7 @@ export const DEFAULTS: SystemOptions = {
   only: [...PARTS],
   shapes: ['8b', '27b'],
   moeShape: '8b',
+  hybridShapes: [],
   rpcShape: '8b',
   combineShapes: ['8b'],
   peerGpu: undefined,
@@ -68,10 +74,28 @@ export const DEFAULTS: SystemOptions = {
 
 const path = (v: Parameters<typeof read.string>[0]) => resolve(v.value());
 
+/** The archs a benchmark model is written in: the dense and MoE llama layouts, and the hybrids. */
+export type BenchArch = 'llama' | 'moe' | 'qwen35' | 'qwen35moe';
+export type HybridModel = readonly ['qwen35' | 'qwen35moe', string];
+
+function readHybrid(v: FlagValue): HybridModel[] {
+  return read.list(v).map((item) => {
+    const m = /^(qwen35moe|qwen35)-(.+)$/.exec(item);
+    const arch = m?.[1] as 'qwen35' | 'qwen35moe' | undefined;
+    if (!arch || !m?.[2] || !(SYNTH_ARCH_SHAPES[arch] as readonly string[]).includes(m[2]))
+      throw badFlag(
+        v.flag,
+        `unknown ${item} (one of ${(['qwen35', 'qwen35moe'] as const).flatMap((a) => SYNTH_ARCH_SHAPES[a].map((s) => `${a}-${s}`)).join(',')})`,
+      );
+    return [arch, m[2]] as const;
+  });
+}
+
 export const FLAGS: FlagTable<SystemOptions> = {
   '--only': ['only', read.oneOf(PARTS)],
   '--shapes': ['shapes', read.list],
   '--moe-shape': ['moeShape', read.string],
+  '--hybrid-shapes': ['hybridShapes', readHybrid],
   '--rpc-shape': ['rpcShape', read.string],
   '--peer-gpu': ['peerGpu', read.int(0)],
   '--combine-shapes': ['combineShapes', read.list],
@@ -229,10 +253,10 @@ export async function complete(
 }
 
 /** Bytes read per decoded token: the whole file for dense models, the active experts' share for MoE. */
-export function bytesPerToken(arch: 'llama' | 'moe', shape: string): number {
+export function bytesPerToken(arch: BenchArch, shape: string): number {
   const plan = planSyntheticModel({ arch, shape: shape as SynthShape, quant: 'q4_0' });
-  if (arch !== 'moe') return plan.bytes;
   const h = plan.hparams;
+  if (h.nExpert === 0) return plan.bytes;
   const expertBytes = (3 * h.nLayer * h.nEmbd * h.nFf * h.nExpert * 18) / 32;
   return plan.bytes - expertBytes * (1 - h.nExpertUsed / h.nExpert);
 }

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs';
 import { makeFigure } from '../../schema.js';
 import type { Part } from '../harness/index.js';
-import { bytesPerToken, gpuNames, type SystemContext } from './context.js';
+import { type BenchArch, bytesPerToken, gpuNames, type SystemContext } from './context.js';
 
 function bandwidthGbs(
   c: SystemContext,
@@ -23,18 +23,19 @@ export const solo: Part<SystemContext> = {
     const { opts, h } = c;
     const bw = bandwidthGbs(c, gpuNames());
     c.notes.bandwidth = bw ?? 'unknown: pass --bandwidth-gbs for a limit line';
-    const models: ['llama' | 'moe', string][] = [
-      ...opts.shapes.map((s) => ['llama', s] as ['llama', string]),
+    const models: (readonly [BenchArch, string])[] = [
+      ...opts.shapes.map((s) => ['llama', s] as const),
       ['moe', opts.moeShape],
+      ...opts.hybridShapes,
     ];
     for (const [arch, shape] of models) {
       const path = c.modelPath(arch, shape);
-      const label = `${arch === 'moe' ? 'MoE ' : ''}${shape} q4_0`;
+      const label = `${arch === 'llama' ? '' : arch === 'moe' ? 'MoE ' : `${arch} `}${shape} q4_0`;
       if (!existsSync(path)) {
         h.skip(`solo ${label}`, `${path} missing: run --only synth first`);
         continue;
       }
-      if (!h.within(shape === '27b' ? 90 : 45, `solo ${label}`)) continue;
+      if (!h.within(shape === '27b' || shape === '35b-a3b' ? 90 : 45, `solo ${label}`)) continue;
       h.log(`solo ${label}: llama-bench -p 512 -n 128 -ngl ${opts.ngl} -r ${opts.reps}`);
       const anchor = await c.llamaBench(
         ['-m', path, '-p', '512', '-n', '128', '-ngl', String(opts.ngl), '-fa', '1', '-r', String(opts.reps)],

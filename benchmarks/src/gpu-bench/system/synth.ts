@@ -1,7 +1,7 @@
 import { existsSync, statSync } from 'node:fs';
 import { planSyntheticModel, type SynthShape, writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import type { Part } from '../harness/index.js';
-import type { SystemContext } from './context.js';
+import type { BenchArch, SystemContext } from './context.js';
 
 /** Writes the benchmark models (kept when present at their planned size). */
 export const synth: Part<SystemContext> = {
@@ -9,9 +9,10 @@ export const synth: Part<SystemContext> = {
   estimateS: 150,
   async run(c) {
     const { opts, h } = c;
-    const want: ['llama' | 'moe', string][] = [
-      ...opts.shapes.map((s) => ['llama', s] as ['llama', string]),
+    const want: (readonly [BenchArch, string])[] = [
+      ...opts.shapes.map((s) => ['llama', s] as const),
       ['moe', opts.moeShape],
+      ...opts.hybridShapes,
     ];
     want.push(['llama', opts.rpcShape], ['llama', opts.loadShape]);
     if (opts.only.includes('combine')) for (const s of opts.combineShapes) want.push(['llama', s]);
