@@ -14,7 +14,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { argv, envOf, freePort, many, one, summary, waitFor } from './figures.mjs';
+import { argv, engineEnv, envOf, FatalError, freePort, many, one, summary, waitFor } from './figures.mjs';
 
 // From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
 const CLI = [
@@ -43,7 +43,7 @@ async function engine(flags, env, rpcPort) {
     [CLI, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off', ...flags],
     {
       stdio: ['ignore', 'ignore', 'pipe'],
-      env: { ...process.env, ...env },
+      env: engineEnv(env),
     },
   );
   let log = '';
@@ -53,7 +53,7 @@ async function engine(flags, env, rpcPort) {
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
     async () => {
-      if (child.exitCode !== null) throw new Error(`engine exited: ${log.slice(-2000)}`);
+      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log.slice(-2000)}`);
       const h = await (await fetch(`${url}/health`)).json();
       return flags.includes('-m') ? h.state === 'ready' : true;
     },

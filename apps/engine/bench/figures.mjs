@@ -1,6 +1,8 @@
 // Shared by the engine's benchmark scripts: a figure from raw samples, a free loopback port, the
 // flag readers and a bounded wait. Only node: builtins and native-ggml's addon-free ports module, so
 // the esbuild bundles of the scripts (benchmarks/gpu/bundle.mjs) run without node_modules.
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { freeLoopbackPort } from '@hydra-engine/native-ggml/ports';
 
 /** The script's arguments. */
@@ -19,11 +21,34 @@ export const many = (name) => argv.flatMap((a, i) => (a === name ? [argv[i + 1]]
 export const envOf = (items) =>
   Object.fromEntries(items.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 
-/** Polls `check` every `everyMs` until it resolves truthy; throws after `ms`. */
+/** Thrown by a `waitFor` check to end the wait at once (the process it waits for has died). */
+export class FatalError extends Error {}
+
+/**
+ * The environment for an engine child. A bundled CLI (benchmarks/dist/gpu/cli.cjs) cannot find
+ * native-ggml's build folders from its own path, so unless HYDRA_NATIVE_ADDON is set it is pointed
+ * at the checkout's addon under the working directory, CUDA build first, as the loader orders them.
+ */
+export function engineEnv(extra = {}) {
+  const env = { ...process.env, ...extra };
+  if (!env.HYDRA_NATIVE_ADDON) {
+    const found = ['build-cuda', 'build']
+      .map((b) => join(process.cwd(), 'packages/native-ggml', b, 'bin/hydra_ggml.node'))
+      .find((p) => existsSync(p));
+    if (found) env.HYDRA_NATIVE_ADDON = found;
+  }
+  return env;
+}
+
+/** Polls `check` every `everyMs` until it resolves truthy; throws after `ms`, or at once on a {@link FatalError}. */
 export async function waitFor(check, ms, what, everyMs = 25) {
   const end = Date.now() + ms;
   while (Date.now() < end) {
-    if (await check().catch(() => false)) return;
+    const ok = await check().catch((err) => {
+      if (err instanceof FatalError) throw err;
+      return false;
+    });
+    if (ok) return;
     await new Promise((r) => setTimeout(r, everyMs));
   }
   throw new Error(`${what}: not within ${ms} ms`);

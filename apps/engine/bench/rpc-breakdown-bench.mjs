@@ -18,7 +18,7 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 // figures.mjs holds only node: builtins and native-ggml's addon-free ports module, so one esbuild
 // bundle of this file runs on a machine without node_modules (the GPU device: see --cli).
-import { argv, envOf, freePort, many, one, summary, waitFor } from './figures.mjs';
+import { argv, engineEnv, envOf, FatalError, freePort, many, one, summary, waitFor } from './figures.mjs';
 
 // The engine CLI: --cli, else apps/engine/dist/cli.js beside this script, else the device bundle's
 // benchmarks/dist/gpu/cli.cjs under the working directory (benchmarks/gpu/bundle.mjs writes it).
@@ -65,7 +65,7 @@ async function engine(flags, env) {
   const child = spawn(
     process.execPath,
     [CLI, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off', '-t', threads, ...flags],
-    { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } },
+    { stdio: ['ignore', 'ignore', 'pipe'], env: engineEnv(env) },
   );
   let log = '';
   child.stderr.on('data', (d) => {
@@ -74,9 +74,9 @@ async function engine(flags, env) {
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
     async () => {
-      if (child.exitCode !== null) throw new Error(`engine exited: ${log.slice(-2000)}`);
+      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log.slice(-2000)}`);
       const h = await (await fetch(`${url}/health`)).json();
-      if (h.state === 'error') throw new Error(`engine failed to load: ${log.slice(-2000)}`);
+      if (h.state === 'error') throw new FatalError(`engine failed to load: ${log.slice(-2000)}`);
       return flags.includes('-m') ? h.state === 'ready' : true;
     },
     600_000,

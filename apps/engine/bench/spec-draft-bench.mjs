@@ -13,7 +13,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { freePort, one, waitFor } from './figures.mjs';
+import { engineEnv, FatalError, freePort, one, waitFor } from './figures.mjs';
 
 // From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
 const CLI = [
@@ -55,7 +55,7 @@ async function server(kind, flags) {
     kind === 'engine'
       ? [process.execPath, [CLI, ...common, '--progress', 'off', ...flags]]
       : [llamaServer, [...common, '--host', '127.0.0.1', '--no-webui', ...flags]];
-  const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'], env: engineEnv() });
   let log = '';
   child.stderr.on('data', (d) => {
     log = (log + d).slice(-8000);
@@ -63,7 +63,7 @@ async function server(kind, flags) {
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
     async () => {
-      if (child.exitCode !== null) throw new Error(`${kind} exited: ${log}`);
+      if (child.exitCode !== null) throw new FatalError(`${kind} exited: ${log}`);
       const r = await fetch(`${url}/health`);
       if (r.status !== 200) return false;
       const h = await r.json();
