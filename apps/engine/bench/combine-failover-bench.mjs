@@ -185,7 +185,8 @@ for (const policy of policies) {
     ],
   });
   console.log(JSON.stringify(results.at(-1)));
+  // Rewritten after every policy, so a run cut short by its caller's timeout keeps what it finished.
+  mkdirSync(dirname(out), { recursive: true });
+  writeFileSync(out, `${JSON.stringify({ model, runs, argv, results }, null, 2)}\n`);
 }
-mkdirSync(dirname(out), { recursive: true });
-writeFileSync(out, `${JSON.stringify({ model, runs, argv, results }, null, 2)}\n`);
 console.log(`wrote ${out}`);

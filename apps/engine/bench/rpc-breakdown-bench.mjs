@@ -294,127 +294,131 @@ for (const name of cases) {
         : '') +
       ` + other ${row.per_token.other_ms}`,
   );
+  writeResults();
 }
-
-const notes = {
-  command: `node apps/engine/bench/rpc-breakdown-bench.mjs ${argv.join(' ')}`.trim(),
-  model: one('--model') ?? 'synthetic llama tiny q8_0 (seed 3)',
-  moe_model: cases.includes('moe') ? (one('--moe-model') ?? 'synthetic moe tiny q8_0 (seed 3)') : undefined,
-  local_device: localDevice,
-  host: { cpus: cpus().length, load_average_1m: { before: loadBefore, after: loadavg()[0] } },
-  ...(Math.max(loadBefore, loadavg()[0]) > cpus().length
-    ? {
-        caveat:
-          'load average above the core count: the times include waiting for a core (compare counts and bytes, not ms)',
-      }
-    : {}),
-  tokens: nTokens,
-  runs,
-  streams: streams,
-  aggregate: 'median over every stream of every run, per figure (so the parts need not add up exactly)',
-  threads: Number(threads),
-  measures: {
-    wall_ms:
-      '(duration of the N2 request - the N1 request) / (N2 - N1): one decode step, HTTP and prefill cancelled',
-    local_compute_ms:
-      "time in the head's local backends' graph_compute and synchronize (a GPU's compute is async: launch + synchronize waits)",
-    serialize_ms:
-      'time in the RPC backend graph_compute (graph serialization) and queueing async sets/gets (payload copy)',
-    send_wait_ms:
-      'time blocked until a command without a reply was written (sync set_tensor of step inputs, memset, clear)',
-    reply_wait_ms:
-      "time blocked on the peer's replies (get_tensor, synchronize, event waits): peer compute + network + receiving the reply",
-    round_trips: 'commands the peer answered, per token',
-    'bytes_sent/bytes_received': "kernel TCP_INFO of upstream's connection to the peer, per token",
-    other_ms:
-      'wall - local compute - serialize - waits: ggml scheduling, host sampling when not on the device, the engine loop',
-    sampling:
-      'with backend sampling (default) the sampler runs inside the graph of the device that holds the output layer, so it is part of local compute or peer wait',
-  },
-  results,
-};
-
-// Figures in the benchmarks' results schema (the dashboard reads every results file): per case the
-// decode rate against the local anchor, and the per-token wait, round trips and bytes of peer 0.
-const figures = [];
-const anchorRate = sampleSets.has('local')
-  ? summary(
-      'local decode',
-      'tok/s',
-      sampleSets.get('local').map((x) => x.tokens_per_second),
-    )
-  : undefined;
-for (const [name, samples] of sampleSets) {
-  const label = `rpc-breakdown ${name}`;
-  figures.push(
-    summary(
-      `${label} decode`,
-      'tok/s',
-      samples.map((x) => x.tokens_per_second),
-      name === 'local' ? undefined : anchorRate,
-    ),
-  );
-  if (name === 'local') continue;
-  const p0 = (pick) => samples.map((x) => pick(x.peers[0]));
-  const lower = (fig) => ({ ...fig, better: 'lower' });
-  figures.push(
-    lower(
-      summary(
-        `${label} peer wait per token`,
-        'ms',
-        p0((p) => p.reply_wait_ms + p.send_wait_ms),
-      ),
-    ),
-  );
-  figures.push(
-    lower(
-      summary(
-        `${label} round trips per token`,
-        'count',
-        p0((p) => p.round_trips),
-      ),
-    ),
-  );
-  figures.push(
-    lower(
-      summary(
-        `${label} bytes out per token`,
-        'bytes',
-        p0((p) => p.bytes_sent),
-      ),
-    ),
-  );
-  figures.push(
-    lower(
-      summary(
-        `${label} bytes in per token`,
-        'bytes',
-        p0((p) => p.bytes_received),
-      ),
-    ),
-  );
-}
-// The device machine's copy of the tree has no .git: --commit names it there.
-function commitOf() {
-  const given = one('--commit');
-  if (given) return given;
-  try {
-    return execSync('git rev-parse --short HEAD', {
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'ignore'],
-    }).trim();
-  } catch {
-    return 'unknown';
-  }
-}
-const doc = {
-  name: 'rpc-breakdown',
-  commit: commitOf(),
-  machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, node: process.version },
-  date: new Date().toISOString(),
-  figures,
-  notes,
-};
-mkdirSync(dirname(out), { recursive: true });
-writeFileSync(out, `${JSON.stringify(doc, null, 2)}\n`);
 console.log(`wrote ${out}`);
+
+// Written after every case, so a run cut short by its caller's timeout keeps the cases it finished.
+function writeResults() {
+  const notes = {
+    command: `node apps/engine/bench/rpc-breakdown-bench.mjs ${argv.join(' ')}`.trim(),
+    model: one('--model') ?? 'synthetic llama tiny q8_0 (seed 3)',
+    moe_model: cases.includes('moe') ? (one('--moe-model') ?? 'synthetic moe tiny q8_0 (seed 3)') : undefined,
+    local_device: localDevice,
+    host: { cpus: cpus().length, load_average_1m: { before: loadBefore, after: loadavg()[0] } },
+    ...(Math.max(loadBefore, loadavg()[0]) > cpus().length
+      ? {
+          caveat:
+            'load average above the core count: the times include waiting for a core (compare counts and bytes, not ms)',
+        }
+      : {}),
+    tokens: nTokens,
+    runs,
+    streams: streams,
+    aggregate: 'median over every stream of every run, per figure (so the parts need not add up exactly)',
+    threads: Number(threads),
+    measures: {
+      wall_ms:
+        '(duration of the N2 request - the N1 request) / (N2 - N1): one decode step, HTTP and prefill cancelled',
+      local_compute_ms:
+        "time in the head's local backends' graph_compute and synchronize (a GPU's compute is async: launch + synchronize waits)",
+      serialize_ms:
+        'time in the RPC backend graph_compute (graph serialization) and queueing async sets/gets (payload copy)',
+      send_wait_ms:
+        'time blocked until a command without a reply was written (sync set_tensor of step inputs, memset, clear)',
+      reply_wait_ms:
+        "time blocked on the peer's replies (get_tensor, synchronize, event waits): peer compute + network + receiving the reply",
+      round_trips: 'commands the peer answered, per token',
+      'bytes_sent/bytes_received': "kernel TCP_INFO of upstream's connection to the peer, per token",
+      other_ms:
+        'wall - local compute - serialize - waits: ggml scheduling, host sampling when not on the device, the engine loop',
+      sampling:
+        'with backend sampling (default) the sampler runs inside the graph of the device that holds the output layer, so it is part of local compute or peer wait',
+    },
+    results,
+  };
+
+  // Figures in the benchmarks' results schema (the dashboard reads every results file): per case the
+  // decode rate against the local anchor, and the per-token wait, round trips and bytes of peer 0.
+  const figures = [];
+  const anchorRate = sampleSets.has('local')
+    ? summary(
+        'local decode',
+        'tok/s',
+        sampleSets.get('local').map((x) => x.tokens_per_second),
+      )
+    : undefined;
+  for (const [name, samples] of sampleSets) {
+    const label = `rpc-breakdown ${name}`;
+    figures.push(
+      summary(
+        `${label} decode`,
+        'tok/s',
+        samples.map((x) => x.tokens_per_second),
+        name === 'local' ? undefined : anchorRate,
+      ),
+    );
+    if (name === 'local') continue;
+    const p0 = (pick) => samples.map((x) => pick(x.peers[0]));
+    const lower = (fig) => ({ ...fig, better: 'lower' });
+    figures.push(
+      lower(
+        summary(
+          `${label} peer wait per token`,
+          'ms',
+          p0((p) => p.reply_wait_ms + p.send_wait_ms),
+        ),
+      ),
+    );
+    figures.push(
+      lower(
+        summary(
+          `${label} round trips per token`,
+          'count',
+          p0((p) => p.round_trips),
+        ),
+      ),
+    );
+    figures.push(
+      lower(
+        summary(
+          `${label} bytes out per token`,
+          'bytes',
+          p0((p) => p.bytes_sent),
+        ),
+      ),
+    );
+    figures.push(
+      lower(
+        summary(
+          `${label} bytes in per token`,
+          'bytes',
+          p0((p) => p.bytes_received),
+        ),
+      ),
+    );
+  }
+  // The device machine's copy of the tree has no .git: --commit names it there.
+  function commitOf() {
+    const given = one('--commit') ?? process.env.HYDRA_BENCH_COMMIT;
+    if (given) return given;
+    try {
+      return execSync('git rev-parse --short HEAD', {
+        encoding: 'utf8',
+        stdio: ['ignore', 'pipe', 'ignore'],
+      }).trim();
+    } catch {
+      return 'unknown';
+    }
+  }
+  const doc = {
+    name: 'rpc-breakdown',
+    commit: commitOf(),
+    machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, node: process.version },
+    date: new Date().toISOString(),
+    figures,
+    notes,
+  };
+  mkdirSync(dirname(out), { recursive: true });
+  writeFileSync(out, `${JSON.stringify(doc, null, 2)}\n`);
+}
