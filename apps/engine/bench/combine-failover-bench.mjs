@@ -14,7 +14,18 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { argv, engineEnv, envOf, FatalError, freePort, many, one, summary, waitFor } from './figures.mjs';
+import {
+  argv,
+  engineEnv,
+  envOf,
+  FatalError,
+  freePort,
+  many,
+  one,
+  resultDoc,
+  summary,
+  waitFor,
+} from './figures.mjs';
 
 // From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
 const CLI = [
@@ -187,6 +198,10 @@ for (const policy of policies) {
   console.log(JSON.stringify(results.at(-1)));
   // Rewritten after every policy, so a run cut short by its caller's timeout keeps what it finished.
   mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(out, `${JSON.stringify({ model, runs, argv, results }, null, 2)}\n`);
+  const figures = results.flatMap((r) =>
+    r.figures.map((f) => ({ ...f, name: `failover ${r.policy}: ${f.name}` })),
+  );
+  const doc = resultDoc('combine-failover', figures, { model, runs, argv, results });
+  writeFileSync(out, `${JSON.stringify(doc, null, 2)}\n`);
 }
 console.log(`wrote ${out}`);

@@ -1,7 +1,9 @@
 // Shared by the engine's benchmark scripts: a figure from raw samples, a free loopback port, the
 // flag readers and a bounded wait. Only node: builtins and native-ggml's addon-free ports module, so
 // the esbuild bundles of the scripts (benchmarks/gpu/bundle.mjs) run without node_modules.
+import { execSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { cpus, release, totalmem, type } from 'node:os';
 import { join } from 'node:path';
 import { freeLoopbackPort } from '@hydra-engine/native-ggml/ports';
 
@@ -71,3 +73,53 @@ export function summary(name, unit, samples, anchor) {
 }
 
 export const freePort = freeLoopbackPort;
+
+/** The commit measured: --commit, else HYDRA_BENCH_COMMIT (a device copy has no .git), else git. */
+export function commitOf() {
+  const given = one('--commit') ?? process.env.HYDRA_BENCH_COMMIT;
+  if (given) return given;
+  try {
+    return execSync('git rev-parse --short HEAD', {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    }).trim();
+  } catch {
+    return 'unknown';
+  }
+}
+
+function gpus() {
+  try {
+    return execSync('nvidia-smi --query-gpu=name --format=csv,noheader', {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    })
+      .split('\n')
+      .map((g) => g.trim())
+      .filter(Boolean);
+  } catch {
+    return [];
+  }
+}
+
+/** A results file in the benchmarks' schema (benchmarks/src/schema.ts), which the dashboard reads. */
+export function resultDoc(suite, figures, notes) {
+  const g = gpus();
+  return {
+    schema: 1,
+    suite,
+    commit: commitOf(),
+    machine: {
+      cpu: cpus()[0]?.model ?? 'unknown',
+      cores: cpus().length,
+      memory_gib: Math.round(totalmem() / 2 ** 30),
+      os: `${type()} ${release()}`,
+      node: process.version,
+      ...(g.length ? { gpus: g } : {}),
+    },
+    date: new Date().toISOString(),
+    figures,
+    skipped: [],
+    notes,
+  };
+}
