@@ -1,4 +1,4 @@
-import type { Device, EmbedInfo, Model } from '@hydra-engine/native-ggml';
+import type { ContextMemoryRow, Device, EmbedInfo, Model } from '@hydra-engine/native-ggml';
 import type { ModelRegistry } from '@hydra-engine/resolver';
 import type { ConfigLayers, Params } from '@hydra-engine/tiering';
 import { Runtime } from './core/runtime.js';
@@ -117,6 +117,10 @@ export class Engine {
   }
   get placement(): Placement | undefined {
     return this.#runtime.placement;
+  }
+  /** llama.cpp's allocation per buffer type of the model and context in force, read when built. */
+  get memory(): ContextMemoryRow[] | undefined {
+    return this.#runtime.memory;
   }
   /** The configuration the loaded model and context were built with, `auto` values resolved. */
   get builtConfig(): Params | undefined {

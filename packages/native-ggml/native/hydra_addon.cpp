@@ -1350,7 +1350,9 @@ static Napi::Value context_info(const Napi::CallbackInfo & info) {
     return out;
 }
 
-// contextMemory(ctx) -> [{bufferType, model, context, compute}] in bytes, as llama.cpp allocated them
+// contextMemory(ctx) -> [{bufferType, device, host, model, context, compute}] in bytes, as llama.cpp
+// allocated them; device is the buffer type's device (null when it has none), host whether the
+// buffer lives in host memory (a pinned CUDA_Host buffer names a CUDA device but takes host RAM)
 static Napi::Value context_memory(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     hydra_context * c = hydra_handle_get<hydra_context>(info[0], "context");
@@ -1359,6 +1361,9 @@ static Napi::Value context_memory(const Napi::CallbackInfo & info) {
     for (const auto & [buft, mb] : llama_get_memory_breakdown(c->ctx)) {
         Napi::Object o = Napi::Object::New(env);
         o.Set("bufferType", ggml_backend_buft_name(buft));
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+        o.Set("device", dev ? Napi::Value(Napi::String::New(env, ggml_backend_dev_name(dev))) : env.Null());
+        o.Set("host", Napi::Boolean::New(env, ggml_backend_buft_is_host(buft)));
         o.Set("model", Napi::Number::New(env, (double) mb.model));
         o.Set("context", Napi::Number::New(env, (double) mb.context));
         o.Set("compute", Napi::Number::New(env, (double) mb.compute));
@@ -1793,6 +1798,9 @@ public:
                 continue;
             }
             llama_sampler * clone = llama_sampler_clone(e.sampler->chain);
+            // want_backend: this entry reads back the sampled id alone, so the rows the device
+            // stages leave (greedy the whole logits row, dist its softmax too) stay on the device.
+            llama_sampler_chain_add(clone, hydra_sampler_init_sampled_only());
             if (!llama_set_sampler(c->ctx, e.seq, clone)) {
                 llama_sampler_free(clone);  // refused by llama.cpp: the host samples with the original chain
                 clone = nullptr;

@@ -291,6 +291,20 @@ export interface NativeServeSummary {
 }
 
 /** The flat surface of hydra_ggml.node. */
+/** One buffer type of llama.cpp's memory breakdown (llama_get_memory_breakdown), in bytes. */
+export interface ContextMemoryRow {
+  bufferType: string;
+  /** The buffer type's device (`CUDA0`, `RPC0`, `CPU`), or null when it has none. */
+  device: string | null;
+  /** Whether the buffer lives in host memory (a pinned `CUDA_Host` buffer names a CUDA device). */
+  host: boolean;
+  /** Weights. */
+  model: number;
+  /** KV cache and recurrent state. */
+  context: number;
+  compute: number;
+}
+
 export interface NativeBinding {
   backendInit(logLevel?: number): {
     systemInfo: string;
@@ -375,9 +389,7 @@ export interface NativeBinding {
     nThreads: number;
     nThreadsBatch: number;
   };
-  contextMemory(
-    ctx: ContextHandle,
-  ): { bufferType: string; model: number; context: number; compute: number }[];
+  contextMemory(ctx: ContextHandle): ContextMemoryRow[];
   samplerCreate(model: ModelHandle, params: NativeSamplerParams): SamplerHandle;
   samplerFree(sampler: SamplerHandle): void;
   samplerAccept(sampler: SamplerHandle, tokens: Int32Array): void;

@@ -7,6 +7,7 @@ import {
   loadBinding,
   type ModelHandle,
   type NativeBinding,
+  type ContextMemoryRow,
   type NativeContextParams,
   type NativeDevice,
   type NativeEmbedInfo,
@@ -33,6 +34,7 @@ export { ERROR_CODES, type ErrorCode } from './errors.js';
 export { addonCandidates };
 export { freeLoopbackPort } from './ports.js';
 export type {
+  ContextMemoryRow,
   NativeContextParams as ContextParams,
   NativeDevice as Device,
   NativeEmbedInfo as EmbedInfo,
@@ -808,7 +810,7 @@ export class Context {
   }
 
   /** Bytes llama.cpp allocated per buffer type: weights (`model`), KV cache (`context`), `compute`. */
-  memory(): { bufferType: string; model: number; context: number; compute: number }[] {
+  memory(): ContextMemoryRow[] {
     return this.#binding.contextMemory(this.#h());
   }
 

@@ -61,10 +61,23 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
     peers: peersStatus(engine),
     ...(stats ? { pool: stats.rpc, connections: stats.connections } : {}),
     ...(engine.placement ? { placement: engine.placement.rows } : {}),
+    ...(engine.memory ? { memory: memoryStatus(engine.memory) } : {}),
     ...(engine.lastError ? { last_error: engine.lastError } : {}),
     ...(c.lastRebuildFailure ? { last_rebuild_failure: c.lastRebuildFailure } : {}),
     ...(engine.degraded ? { degraded: engine.degraded } : {}),
   };
+}
+
+// llama.cpp's allocation per device, what PLAN's fit predicts per device: a buffer in host memory
+// (the CPU's, a pinned CUDA_Host) counts as "host" whatever device its type names.
+function memoryStatus(rows: NonNullable<Controller['engine']['memory']>) {
+  return rows.map((r) => ({
+    device: r.host ? 'host' : (r.device ?? 'host'),
+    buffer_type: r.bufferType,
+    model_bytes: r.model,
+    context_bytes: r.context,
+    compute_bytes: r.compute,
+  }));
 }
 
 // Each configured peer with its ggml-RPC accounting (null until the head registered it).

@@ -3,6 +3,7 @@
 // the scheduler (hold/whenIdle) around every rebuild.
 import {
   type Context,
+  type ContextMemoryRow,
   type Device,
   Model,
   type ModelLoadParams,
@@ -123,6 +124,9 @@ export class Runtime {
   #epoch = 0;
   #model: Model | undefined;
   #placement: Placement | undefined;
+  // llama.cpp's allocation of the context in force, read when it was built: reading it while a
+  // decode runs could race the scheduler reallocating its compute buffers.
+  #memory: ContextMemoryRow[] | undefined;
   #modelPath: string | undefined;
   #lastError: string | undefined;
   #closing = false;
@@ -169,6 +173,10 @@ export class Runtime {
   }
   get placement(): Placement | undefined {
     return this.#placement;
+  }
+  /** What llama.cpp allocated per buffer type for the model and context in force (none without one). */
+  get memory(): ContextMemoryRow[] | undefined {
+    return this.#scheduler.ctx ? this.#memory : undefined;
   }
   get lastError(): string | undefined {
     return this.#lastError;
@@ -386,6 +394,7 @@ export class Runtime {
       throw err;
     }
     this.#scheduler.attach(model, ctx, draft);
+    this.#memory = ctx.memory();
     this.#built = { facts, cfg };
   }
 
@@ -510,6 +519,7 @@ export class Runtime {
       const current = { model: this.#model, ctx, mode: this.mode };
       this.#model = sb.model;
       this.#scheduler.swap(sb.model, sb.ctx);
+      this.#memory = sb.ctx.memory();
       this.#standby = current;
       this.#mode = mode;
       return { reloaded: false as const, moved };
