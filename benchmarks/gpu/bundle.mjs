@@ -7,6 +7,7 @@
 //   rpc-breakdown.mjs   apps/engine/bench/rpc-breakdown-bench.mjs: the per-token ggml-RPC breakdown
 //   combine-failover.mjs apps/engine/bench/combine-failover-bench.mjs: failover and rejoin times
 //   spec-draft.mjs      apps/engine/bench/spec-draft-bench.mjs: speculative decoding vs llama-server -md
+//   fit-check.mjs       apps/engine/bench/fit-check-bench.mjs: PLAN's fit against what a load allocated
 //                       (ES modules: both await at top level, which CommonJS cannot)
 //   cli.cjs             apps/engine/dist/cli.js (the hydra-engine CLI)
 //   rpc-host.js         native-ggml's ggml-RPC host process (the merged port's pool), where the bundled wrapper looks for it
@@ -52,7 +53,7 @@ await build({
   entryPoints: [join(here, 'serving.mjs')],
   outfile: join(out, 'serving.cjs'),
 });
-for (const name of ['rpc-breakdown', 'combine-failover', 'spec-draft']) {
+for (const name of ['rpc-breakdown', 'combine-failover', 'spec-draft', 'fit-check']) {
   await build({
     ...common,
     format: 'esm',
