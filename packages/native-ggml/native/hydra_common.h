@@ -103,6 +103,10 @@ private:
     std::thread thread;
 };
 
+// A chain stage that leaves only the sampled token as an output of the on-device sampling graph
+// (hydra_sampled_only.cpp): no logits, probability or candidate row is copied back per step.
+llama_sampler * hydra_sampler_init_sampled_only();
+
 struct hydra_sampler {
     llama_sampler * chain = nullptr;
     uint64_t id = 0;
@@ -110,7 +114,9 @@ struct hydra_sampler {
     bool stateless = false;  // argmax that keeps no state: a draft's positions may all sample on the device at once
 };
 
-// A sampler chain attached to a context for on-device sampling (a clone the context owns).
+// A sampler chain attached to a context for on-device sampling (a clone the context owns), ending
+// in hydra_sampler_init_sampled_only's stage: every clone does, so equal signatures still mean
+// equal clones.
 struct hydra_attached {
     uint64_t id = 0;
     std::string signature;
