@@ -1257,7 +1257,9 @@ private:
                 }
                 const ggml_tensor * next = top.second < GGML_MAX_SRC ? t->src[top.second] : t->view_src;
                 top.second++;
-                if (next == nullptr) {
+                // ggml_cast makes its result its own src[1] (the CPY destination; backend
+                // sampling's dist casts so); upstream's graph walk sees it as visited already.
+                if (next == nullptr || next == t) {
                     continue;
                 }
                 uint32_t k = (uint32_t) (next - tens.data());
