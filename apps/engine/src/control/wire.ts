@@ -69,10 +69,11 @@ export function controlStatus(c: Controller, poolStats?: () => HydraPortStats | 
 }
 
 // llama.cpp's allocation per device, what PLAN's fit predicts per device: a buffer in host memory
-// (the CPU's, a pinned CUDA_Host) counts as "host" whatever device its type names.
+// counts as "host" whatever its type names (a pinned CUDA_Host names a CUDA device; CPU_REPACK
+// names the CPU device but is not "host" to ggml, since its layout is not plain).
 function memoryStatus(rows: NonNullable<Controller['engine']['memory']>) {
   return rows.map((r) => ({
-    device: r.host ? 'host' : (r.device ?? 'host'),
+    device: r.host || r.device === null || r.device === 'CPU' ? 'host' : r.device,
     buffer_type: r.bufferType,
     model_bytes: r.model,
     context_bytes: r.context,
