@@ -1243,6 +1243,7 @@ public:
         c->n_batch = (int32_t) llama_n_batch(ctx);
         c->outputs_per_seq = cp.n_outputs_max_per_seq == 0 ? c->n_batch : std::min((int32_t) cp.n_outputs_max_per_seq, c->n_batch);
         c->backend_sampling = backend_sampling;
+        c->embeddings = cp.embeddings;
         c->batch = llama_batch_init(c->n_batch, 0, 1);
         c->last_sampled.assign(llama_n_seq_max(ctx), -1);
         c->done = Napi::ThreadSafeFunction::New(Env(), Napi::Function::New(Env(), [](const Napi::CallbackInfo &) {}), "hydra_decode_done", 0, 1);
@@ -1769,10 +1770,11 @@ public:
     // Entries that want logits sample on the CPU instead.
     void attach_samplers() {
         for (decode_entry & e : entries) {
-            hydra_attached & a = c->attached[e.seq];
             if (e.sampler == nullptr && !e.want_logits) {
                 continue;  // nothing is read back: whatever is attached may stay
             }
+            // Looked up only here: a sequence without an entry in `attached` never sampled.
+            hydra_attached & a = c->attached[e.seq];
             // The device samples a draft's positions independently, right for a chain without state
             // only; a stateful one samples them on the host in turn.
             // Probabilities need the logits or the chain's candidates on the host (llama-server
@@ -1809,6 +1811,36 @@ public:
                 llama_sampler_free(a.clone);
             }
             a = hydra_attached{e.sampler->id, e.sampler->signature, clone};
+            if (clone != nullptr) {
+                attach_to_unused(*e.sampler);
+            }
+        }
+    }
+
+    // Every llama_set_sampler makes the next decode reserve the context's graphs again, and
+    // llama.cpp does that with a new scheduler: every compute buffer and the pinned host input
+    // buffer (the KQ mask's, n_ubatch x n_ctx cells with -kvu) freed and allocated anew, inside the
+    // step that carries every running stream. A request on a slot that never sampled paid that (on
+    // the H200, 8B, -kvu, 160K cells: one step per long prompt 43/61/135 ms above its neighbours at
+    // n_ubatch 256/384/512). So the first attach of a chain also attaches clones of it to every
+    // sequence that never sampled, in the reserve that attach pays anyway; a later request with the
+    // same chain there only resets its clone. A sequence that sampled keeps what it has.
+    void attach_to_unused(const hydra_sampler & s) {
+        if (c->embeddings) {
+            return;
+        }
+        const llama_seq_id n_seq = (llama_seq_id) llama_n_seq_max(c->ctx);
+        for (llama_seq_id seq = 0; seq < n_seq; seq++) {
+            if (c->attached.count(seq) > 0) {
+                continue;
+            }
+            llama_sampler * clone = llama_sampler_clone(s.chain);
+            llama_sampler_chain_add(clone, hydra_sampler_init_sampled_only());
+            if (!llama_set_sampler(c->ctx, seq, clone)) {
+                llama_sampler_free(clone);
+                return;
+            }
+            c->attached[seq] = hydra_attached{0, s.signature, clone};  // id 0: no request's sampler
         }
     }
 
