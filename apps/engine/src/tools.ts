@@ -57,6 +57,8 @@ given in llama.cpp's order (RPC devices first, the local one last). Exits 0 when
   --cache-type-k T            KV cache type of K (default f16)
   --cache-type-v T            KV cache type of V (default f16)
   -np, --parallel N           sequences (default 1)
+  -ub, --ubatch-size N        tokens per compute step, which sizes the compute buffer (default 512)
+  -fa, --flash-attn on|off    flash attention: without it the compute buffer holds every head's scores (default on)
   -ngl, --n-gpu-layers N|auto layers offloaded, counting the output layer (default all)
   -ts, --tensor-split A,B|auto split proportions, or the split with the most layers on --fit-prefer
   --fit-target MIB            MiB each device keeps free beyond the plan (default 0)
@@ -90,6 +92,8 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
     { names: ['--cache-type-k'], takes: 'value' },
     { names: ['--cache-type-v'], takes: 'value' },
     { names: ['-np', '--parallel'], takes: 'value' },
+    { names: ['-ub', '--ubatch-size'], takes: 'value' },
+    { names: ['-fa', '--flash-attn'], takes: 'value' },
     { names: ['-ngl', '--n-gpu-layers'], takes: 'value' },
     { names: ['-ts', '--tensor-split'], takes: 'value' },
     { names: ['--fit-target'], takes: 'value' },
@@ -143,10 +147,17 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
       keys: ['--kv-placement'],
     });
   const prefer = value('--fit-prefer');
+  const fa = value('--flash-attn');
+  if (fa !== undefined && fa !== 'on' && fa !== 'off')
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', '--flash-attn must be on or off', {
+      keys: ['--flash-attn'],
+    });
   const fit = planFit(facts, {
     devices,
     nCtx: intFlag(flags, '--ctx', 4096, 1),
     nParallel: intFlag(flags, '--parallel', 1, 1),
+    nUbatch: intFlag(flags, '--ubatch-size', 512, 1),
+    flashAttn: fa !== 'off',
     marginBytes: intFlag(flags, '--fit-target', 0, 0) * 1024 * 1024,
     ...(flags.has('--cache-type-k') ? { cacheTypeK: value('--cache-type-k')! } : {}),
     ...(flags.has('--cache-type-v') ? { cacheTypeV: value('--cache-type-v')! } : {}),

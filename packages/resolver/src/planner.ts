@@ -366,14 +366,27 @@ function assemble(facts: ModelFacts, r: Resolved, split: readonly number[]): Ass
   }
 
   const maxHead = Math.max(0, ...facts.layers.map((l) => l.nHead));
+  const swaLayers = new Set(facts.layers.filter((l) => l.kind === 'swa').map((l) => l.index));
   const devices = acc.map((a, d): DevicePlan => {
     const dev = r.devices[d] as PlanDevice;
     const busy = a.layers.length > 0 || a.output;
     let compute = 0;
     if (busy) {
-      compute = r.nUbatch * 4 * (4 * facts.nEmbd + 3 * facts.nFfMax);
-      if (!r.flashAttn && a.kvLayers.length > 0) compute += r.nUbatch * r.kvCells * maxHead * 4;
-      if (a.output) compute += r.nUbatch * facts.nVocab * 4;
+      // ggml-alloc reuses the buffer between stages, so the reservation is the largest stage, per
+      // ubatch token: attention (the KQ mask, F16 with flash attention, which every layer reads and
+      // so stays alive through the FFNs; without flash attention the F32 scores of every head;
+      // q/k/v and their views), the FFN (gate, up, their product), or the output (the logits
+      // row). Calibrated against llama.cpp's breakdown on the CPU (docs/decisions.md, 2026-12-01).
+      const swa = a.kvLayers.some((i) => swaLayers.has(i));
+      const cells = a.kvLayers.length > 0 ? r.kvCells + (swa ? r.swaCells : 0) : 0;
+      const mask = cells * (r.flashAttn ? 2 : 4);
+      const attn = mask + (r.flashAttn ? 0 : 4 * maxHead * r.kvCells) + 24 * facts.nEmbd;
+      const ffn = mask + 4 * (3 * facts.nFfMax + 3 * facts.nEmbd);
+      const out = a.output ? 4 * facts.nVocab + 8 * facts.nEmbd : 0;
+      compute = r.nUbatch * Math.max(a.layers.length > 0 ? Math.max(attn, ffn) : 0, out);
+      // A local device reads the step's inputs from pinned host buffers; a ggml-RPC device holds
+      // its own copies (the embeddings, positions and output ids, and the mask in F32 and F16).
+      if (dev.name.startsWith('RPC')) compute += r.nUbatch * (10 * facts.nEmbd + 6 * cells);
     }
     const total = a.weight + a.kv + a.rec + compute + r.margin;
     const headroom = dev.freeBytes - total;
