@@ -6,14 +6,21 @@
 // Run after `pnpm run build:ts`:
 //   node bench/rpc-breakdown-bench.mjs [--model GGUF] [--moe-model GGUF] [--cases local,remote,split,moe]
 //     [--local-device CPU|CUDA0] [--split-ngl 2] [--tokens 128] [--runs 1] [--streams 7] [--threads N]
-//     [--head-env K=V ...] [--peer-env K=V ...] [--cli FILE] [--commit SHA] [--out FILE]
+//     [--head-env K=V ...] [--peer-env K=V ...] [--cli FILE] [--tools DIR] [--commit SHA] [--out FILE]
 // With no --model (--moe-model) the tiny synthetic llama (moe) q8_0 model is written and used.
 // Cases: local = the head alone, every layer on --local-device (the anchor); remote = every layer
 // on the peer (RPC0); split = --tensor-split 1,1 over RPC0 and --local-device (a CPU head: the
 // last --split-ngl layers on the peer); moe = the MoE model in COMBINED mode (experts on the peer,
-// the rest local).
-import { execSync, spawn } from 'node:child_process';
+// the rest local); moe-local = the MoE model alone on the head (the MoE anchor); moe-ot = the same
+// engine given upstream's own `-ot ffn_.*_exps=RPC0[peer]`; moe-stock = COMBINED against a stock
+// ggml-rpc-server instead of a peer engine (the peer's transport, same head); moe-upstream =
+// upstream llama-bench -ot on a stock ggml-rpc-server (tok/s only: it has no accounting);
+// moe-upstream-engine = the same llama-bench against a peer engine, whose hydra_rpc_* give its
+// per-token bytes and commands. The tools (llama-bench, ggml-rpc-server) come from --tools, by
+// default native-ggml's build/bin.
+import { execFileSync, execSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 // figures.mjs holds only node: builtins and native-ggml's addon-free ports module, so one esbuild
@@ -40,6 +47,11 @@ const runs = Number(one('--runs', '1'));
 const streams = Number(one('--streams', '7'));
 const threads = one('--threads', '1');
 const splitNgl = one('--split-ngl', '2');
+const tools = resolve(
+  one('--tools', new URL('../../../packages/native-ggml/build/bin', import.meta.url).pathname),
+);
+// Upstream's spelling of the expert override, as the H200 combine anchor runs it.
+const UPSTREAM_OT = 'ffn_.*_exps';
 const out = resolve(
   one(
     '--out',
@@ -53,7 +65,7 @@ if (!model) {
   await writeSyntheticModel({ arch: 'llama', shape: 'tiny', quant: 'q8_0', seed: 3, out: model });
 }
 let moeModel = one('--moe-model');
-if (!moeModel && cases.includes('moe')) {
+if (!moeModel && cases.some((c) => c.startsWith('moe'))) {
   moeModel = join(tmp, 'tiny-moe.gguf');
   await writeSyntheticModel({ arch: 'moe', shape: 'tiny', quant: 'q8_0', seed: 3, out: moeModel });
 }
@@ -83,6 +95,67 @@ async function engine(flags, env) {
     'engine start',
   );
   return { url, rpc: `127.0.0.1:${rpc}`, child };
+}
+
+// A stock upstream ggml-rpc-server (the peer of moe-stock and moe-upstream), up once it accepts.
+async function stockServer() {
+  const port = await freePort();
+  const dev = localDevice === 'CPU' ? [] : ['-d', localDevice];
+  const child = spawn(
+    join(tools, 'ggml-rpc-server'),
+    ['-H', '127.0.0.1', '-p', String(port), '-t', threads, ...dev],
+    {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env, ...envOf(many('--peer-env')) },
+    },
+  );
+  let log = '';
+  child.stderr.on('data', (d) => {
+    log += d;
+  });
+  const accepts = () =>
+    new Promise((r) => {
+      const s = connect(port, '127.0.0.1');
+      s.once('connect', () => {
+        s.destroy();
+        r(true);
+      });
+      s.once('error', () => r(false));
+    });
+  await waitFor(
+    async () => {
+      if (child.exitCode !== null) throw new FatalError(`ggml-rpc-server exited: ${log.slice(-2000)}`);
+      return accepts();
+    },
+    30_000,
+    'ggml-rpc-server start',
+  );
+  return { rpc: `127.0.0.1:${port}`, child };
+}
+
+// The hydra_rpc_* totals a peer engine serves (bytes each way, commands): what a client without
+// accounting of its own (llama-bench) sent.
+async function servedTotals(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const at = (k) => Number(new RegExp(`^${k} (\\S+)$`, 'm').exec(text)?.[1] ?? Number.NaN);
+  return {
+    in: at('hydra_rpc_bytes_in_total'),
+    out: at('hydra_rpc_bytes_out_total'),
+    commands: at('hydra_rpc_commands_total'),
+  };
+}
+
+// upstream llama-bench with the experts on `peer` through -ot: one decode rate per repetition.
+function llamaBench(peer, n, reps) {
+  const placement = localDevice === 'CPU' ? ['-ngl', '0'] : ['-ngl', '99'];
+  const args = ['-m', moeModel, '-p', '0', '-n', String(n), '-r', String(reps), '-t', threads, '-o', 'json'];
+  args.push(...placement, '--rpc', peer, '-ot', `${UPSTREAM_OT}=RPC0[${peer}]`);
+  const out = execFileSync(join(tools, 'llama-bench'), args, {
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'ignore'],
+    timeout: 600_000,
+  });
+  return JSON.parse(out)[0].samples_ts;
 }
 
 const stop = (child) =>
@@ -223,14 +296,33 @@ function caseFlags(name, peer) {
             '99',
           ];
     case 'moe':
+    case 'moe-stock':
       // COMBINED: the engine puts every expert tensor on the peer, the rest where the flags say.
       return cpu
         ? ['-m', moeModel, '--rpc', peer, '-ngl', '0']
         : ['-m', moeModel, '--rpc', peer, '--device', localDevice, '-ngl', '99'];
+    case 'moe-ot':
+      // The same engine with upstream's override instead of the COMBINED placement.
+      return [...caseFlags('moe', peer), '-ot', `${UPSTREAM_OT}=RPC0[${peer}]`];
+    case 'moe-local':
+      return cpu ? ['-m', moeModel, '-ngl', '0'] : ['-m', moeModel, '--device', localDevice, '-ngl', '99'];
     default:
-      throw new Error(`unknown case ${name} (local, remote, split, moe)`);
+      throw new Error(`unknown case ${name} (${CASES.join(', ')})`);
   }
 }
+
+const CASES = [
+  'local',
+  'remote',
+  'split',
+  'moe',
+  'moe-local',
+  'moe-ot',
+  'moe-stock',
+  'moe-upstream',
+  'moe-upstream-engine',
+];
+for (const c of cases) if (!CASES.includes(c)) throw new Error(`unknown case ${c} (${CASES.join(', ')})`);
 
 const round3 = (x) => (typeof x === 'number' ? Math.round(x * 1000) / 1000 : x);
 
@@ -252,10 +344,65 @@ function medianOf(objs) {
 const loadBefore = loadavg()[0];
 const results = [];
 const sampleSets = new Map();
+// llama-bench has no accounting: its rate per repetition, and against a peer engine the bytes and
+// commands that engine served, per token from two runs of N and 2N tokens (the load, the context's
+// reservation and the warm-up are the same in both, so they cancel).
+async function upstreamRow(name) {
+  const rates = [];
+  const perToken = [];
+  for (let run = 0; run < runs; run++) {
+    const peer = name === 'moe-upstream' ? await stockServer() : await engine([], envOf(many('--peer-env')));
+    try {
+      const t0 = peer.url ? await servedTotals(peer.url) : undefined;
+      rates.push(...llamaBench(peer.rpc, nTokens, streams));
+      if (!peer.url) continue;
+      const t1 = await servedTotals(peer.url);
+      llamaBench(peer.rpc, 2 * nTokens, streams);
+      const t2 = await servedTotals(peer.url);
+      const per = (k) => round3((t2[k] - t1[k] - (t1[k] - t0[k])) / (nTokens * streams));
+      perToken.push({ commands: per('commands'), bytes_sent: per('in'), bytes_received: per('out') });
+    } finally {
+      await stop(peer.child);
+    }
+  }
+  const tps = median(rates);
+  return {
+    row: {
+      case: name,
+      runs,
+      streams_per_run: streams,
+      tokens_per_second: tps,
+      per_token: {
+        wall_ms: round3(1000 / tps),
+        peers: perToken.length > 0 ? [medianOf(perToken)] : [],
+        measured_by: perToken.length > 0 ? "the peer engine's hydra_rpc_* totals" : 'llama-bench (rate only)',
+      },
+    },
+    samples: rates.map((r) => ({ tokens_per_second: r, peers: [] })),
+  };
+}
+
 for (const name of cases) {
+  if (name.startsWith('moe-upstream')) {
+    const { row, samples } = await upstreamRow(name);
+    sampleSets.set(name, samples);
+    results.push(row);
+    const p = row.per_token.peers[0];
+    console.log(
+      `${name}: ${row.tokens_per_second} tok/s` +
+        (p ? ` (${p.commands} commands, ${p.bytes_sent} B out, ${p.bytes_received} B in per token)` : ''),
+    );
+    writeResults();
+    continue;
+  }
   const samples = [];
   for (let run = 0; run < runs; run++) {
-    const peer = name === 'local' ? undefined : await engine([], envOf(many('--peer-env')));
+    const peer =
+      name === 'local' || name === 'moe-local'
+        ? undefined
+        : name === 'moe-stock'
+          ? await stockServer()
+          : await engine([], envOf(many('--peer-env')));
     const head = await engine(caseFlags(name, peer?.rpc), envOf(many('--head-env')));
     try {
       // Warm-up: graphs reserved, first buffers touched, caches filled.
@@ -303,7 +450,9 @@ function writeResults() {
   const notes = {
     command: `node apps/engine/bench/rpc-breakdown-bench.mjs ${argv.join(' ')}`.trim(),
     model: one('--model') ?? 'synthetic llama tiny q8_0 (seed 3)',
-    moe_model: cases.includes('moe') ? (one('--moe-model') ?? 'synthetic moe tiny q8_0 (seed 3)') : undefined,
+    moe_model: cases.some((c) => c.startsWith('moe'))
+      ? (one('--moe-model') ?? 'synthetic moe tiny q8_0 (seed 3)')
+      : undefined,
     local_device: localDevice,
     host: { cpus: cpus().length, load_average_1m: { before: loadBefore, after: loadavg()[0] } },
     ...(Math.max(loadBefore, loadavg()[0]) > cpus().length
@@ -341,13 +490,15 @@ function writeResults() {
   // Figures in the benchmarks' results schema (the dashboard reads every results file): per case the
   // decode rate against the local anchor, and the per-token wait, round trips and bytes of peer 0.
   const figures = [];
-  const anchorRate = sampleSets.has('local')
-    ? summary(
-        'local decode',
-        'tok/s',
-        sampleSets.get('local').map((x) => x.tokens_per_second),
-      )
-    : undefined;
+  // The MoE cases' anchor is the MoE model alone on the head (moe-local), the others' local.
+  const anchorOf = (name) =>
+    sampleSets.has(name)
+      ? summary(
+          `${name} decode`,
+          'tok/s',
+          sampleSets.get(name).map((x) => x.tokens_per_second),
+        )
+      : undefined;
   for (const [name, samples] of sampleSets) {
     const label = `rpc-breakdown ${name}`;
     figures.push(
@@ -355,10 +506,12 @@ function writeResults() {
         `${label} decode`,
         'tok/s',
         samples.map((x) => x.tokens_per_second),
-        name === 'local' ? undefined : anchorRate,
+        name === 'local' || name === 'moe-local'
+          ? undefined
+          : anchorOf(name.startsWith('moe') ? 'moe-local' : 'local'),
       ),
     );
-    if (name === 'local') continue;
+    if (name === 'local' || name === 'moe-local' || samples[0]?.peers.length === 0) continue;
     const p0 = (pick) => samples.map((x) => pick(x.peers[0]));
     const lower = (fig) => ({ ...fig, better: 'lower' });
     figures.push(

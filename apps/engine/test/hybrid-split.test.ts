@@ -153,7 +153,7 @@ describe.each(['qwen35', 'qwen35moe'] as const)('tiny %s', (arch) => {
 });
 
 describe('tiny qwen35moe routed experts on the peer engine', () => {
-  it('keeps the shared experts local and gives the SOLO text through SET_EXPERT_MODE flips', async () => {
+  it('routed and shared experts on the peer give the SOLO text through SET_EXPERT_MODE flips', async () => {
     const model = join(dir, 'qwen35moe-experts.gguf');
     await writeSyntheticModel({ arch: 'qwen35moe', shape: 'tiny', quant: 'f32', seed: 4, out: model });
     const alone = await spawnEngine(['-m', model, '-c', '1024']);

@@ -15,11 +15,39 @@ describe('expert tensor patterns', () => {
   it('COMBINED placement sends merged gate_up and chexps experts to the peer, nothing else', () => {
     const list = expertOverrides(['token_embd=CPU'], 'RPC0[127.0.0.1:50052]');
     expect(list[0]).toBe('token_embd=CPU');
-    expect(list).toHaveLength(2);
-    expect(list[1]!.endsWith('=RPC0[127.0.0.1:50052]')).toBe(true);
+    expect(list).toHaveLength(3);
+    for (const o of list.slice(1)) expect(o.endsWith('=RPC0[127.0.0.1:50052]')).toBe(true);
     const re = patternOf(list[1]!);
     for (const n of EXPERTS) expect(re.test(n), n).toBe(true);
     for (const n of NOT_EXPERTS) expect(re.test(n), n).toBe(false);
+  });
+
+  it("COMBINED also moves the router, shared experts and, per the layout, only the MoE blocks' FFN norm", () => {
+    const layout = { blocks: [1, 3], ffnNorm: 'ffn_norm', all: false };
+    const list = expertOverrides(undefined, 'RPC0[h:1]', layout);
+    const res = list.map(patternOf);
+    const moved = (n: string) => res.some((re) => re.test(n));
+    for (const n of [
+      'blk.3.ffn_gate_inp.weight',
+      'blk.3.exp_probs_b.bias',
+      'blk.3.ffn_gate_shexp.weight',
+      'blk.3.ffn_gate_inp_shexp.weight',
+      'blk.1.ffn_norm.weight',
+      'blk.3.ffn_norm.weight',
+    ])
+      expect(moved(n), n).toBe(true);
+    for (const n of [
+      'blk.0.ffn_norm.weight',
+      'blk.2.ffn_norm.weight',
+      'blk.13.ffn_norm.weight',
+      'blk.3.ffn_up.weight',
+      'blk.3.attn_norm.weight',
+    ])
+      expect(moved(n), n).toBe(false);
+    // Experts already placed by the configuration: that list is the placement, as written.
+    expect(expertOverrides(['ffn_.*_exps=RPC0[h:1]'], 'RPC0[h:1]', layout)).toEqual([
+      'ffn_.*_exps=RPC0[h:1]',
+    ]);
   });
 
   it('n_cpu_moe keeps every expert spelling of the first N blocks on the host, and only those', () => {

@@ -219,11 +219,31 @@ function respelled(spec: string): string {
  * tensors on a peer not configured now; with devices dropped a `tensorSplit` no longer lines up
  * and is dropped too. No allowed device at all means the CPU alone (`['CPU']`, which llama.cpp
  * treats like its default placement on a host without GPUs).
+ *
+ * A peer device that a kept override places tensors on (the COMBINED experts) but that the
+ * configured `devices` leave out is put in front of them (upstream's order): llama.cpp builds a
+ * backend only for the model's devices, and a weight in a buffer no backend can run aborts the
+ * context build (`pre-allocated tensor ... in a buffer ... that cannot run the operation`). It gets
+ * no layers: `tensorSplit` gains a 0 for it (the other devices keep the configured split, else
+ * their free memory's), and with no local GPU named (`['CPU']`) nothing is offloaded
+ * (`noOffload`), so the layers stay where the configured devices put them.
  */
 export function loadDevices(
   rpcServers: readonly string[],
-  configured: { devices?: string[] | undefined; overrides?: string[] | undefined },
-): { devices: string[]; overrides: string[] | undefined; dropped: boolean } | undefined {
+  configured: {
+    devices?: string[] | undefined;
+    overrides?: string[] | undefined;
+    tensorSplit?: number[] | undefined;
+  },
+):
+  | {
+      devices: string[];
+      overrides: string[] | undefined;
+      dropped: boolean;
+      tensorSplit?: number[];
+      noOffload?: boolean;
+    }
+  | undefined {
   if (endpoints.size === 0 && !attempted) return undefined;
   const rpc = rpcServers.flatMap((e) => endpoints.get(e) ?? []);
   const gpus = localDevices()
@@ -240,5 +260,28 @@ export function loadDevices(
     const m = /=RPC\d+\[(.+)\]$/.exec(spec);
     return !m || keep.has(m[1]!);
   });
-  return { devices, overrides, dropped };
+  const targeted = new Set<string>();
+  for (const spec of overrides ?? []) {
+    const buft = spec.slice(spec.lastIndexOf('=') + 1);
+    for (const e of rpcServers) {
+      const i = (buffers.get(e) ?? []).indexOf(buft);
+      const name = i >= 0 ? endpoints.get(e)?.[i] : undefined;
+      if (name !== undefined && !devices.includes(name)) targeted.add(name);
+    }
+  }
+  if (targeted.size === 0) return { devices, overrides, dropped };
+  const added = [...targeted];
+  if (devices.length === 1 && devices[0] === 'CPU')
+    return { devices: added, overrides, dropped, noOffload: true };
+  const given = configured.tensorSplit;
+  const weights =
+    !dropped && given !== undefined && given.length === devices.length && given.some((x) => x > 0)
+      ? given
+      : devices.map((n) => known.get(n)?.free || 1);
+  return {
+    devices: [...added, ...devices],
+    overrides,
+    dropped,
+    tensorSplit: [...added.map(() => 0), ...weights],
+  };
 }

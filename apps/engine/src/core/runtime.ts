@@ -21,7 +21,7 @@ import {
   safeDevices,
 } from '../combine/devices.js';
 import { watchPeers } from '../combine/load-watch.js';
-import { expertOverrides, isMoe } from '../combine/moe.js';
+import { expertOverrides, moeLayout } from '../combine/moe.js';
 import { tellPeersWeights } from '../combine/peer-weights.js';
 import { PeerRejoin } from '../combine/rejoin.js';
 import { HydraError } from '../errors.js';
@@ -94,12 +94,19 @@ const ABANDONED: unknown[] = [];
  * devices plus those of `peers` (see combine/devices.ts), overrides onto other peers dropped.
  */
 function withDevices(params: ModelLoadParams, peers: readonly string[]): ModelLoadParams {
-  const sel = loadDevices(peers, { devices: params.devices, overrides: params.overrides });
+  const sel = loadDevices(peers, {
+    devices: params.devices,
+    overrides: params.overrides,
+    tensorSplit: params.tensorSplit,
+  });
   if (!sel) return params;
   const out: ModelLoadParams = { ...params, devices: sel.devices };
   if (sel.overrides && sel.overrides.length > 0) out.overrides = sel.overrides;
   else delete out.overrides;
   if (sel.dropped) delete out.tensorSplit;
+  // A peer device added for the overrides' sake holds no layers (see loadDevices).
+  if (sel.tensorSplit) out.tensorSplit = sel.tensorSplit;
+  if (sel.noOffload) out.nGpuLayers = 0;
   return out;
 }
 
@@ -295,9 +302,11 @@ export class Runtime {
         }).cfg;
       }
       const configured = modelParamsFrom(cfg, path);
-      // MoE + COMBINE: the experts go to the first peer unless the overrides already place them.
-      const dual = peers.length > 0 && (await isMoe(path));
-      if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!);
+      // MoE + COMBINE: the experts (and the rest of their FFN) go to the first peer unless the
+      // overrides already place them.
+      const layout = peers.length > 0 ? await moeLayout(path) : undefined;
+      const dual = layout !== undefined;
+      if (dual) configured.overrides = expertOverrides(configured.overrides, peerBufts[0]!, layout);
       const params = withDevices(configured, peers);
       // After the unload and the peers' registration, so the free memory read is what this load gets.
       checkContext(
@@ -331,8 +340,16 @@ export class Runtime {
         }
       }
       this.#counters.loadSeconds = (performance.now() - started) / 1000;
-      // Where layers went follows the device list the load used (peers first), not the listing order.
-      const loaded = params.devices ? { ...cfg, devices: params.devices } : cfg;
+      // Where layers went follows the device list the load used (peers first), not the listing order,
+      // and the offload and split it used (loadDevices may add a peer device with no layers).
+      const loaded = params.devices
+        ? {
+            ...cfg,
+            devices: params.devices,
+            ...(params.tensorSplit ? { tensor_split: params.tensorSplit } : {}),
+            ...(params.nGpuLayers !== undefined ? { n_gpu_layers: params.nGpuLayers } : {}),
+          }
+        : cfg;
       this.#placement = await computePlacement(path, loaded, this.devices()).catch((err: Error) => {
         this.#log.warn(`hydra-engine: layer placement unavailable: ${err.message}`);
         return undefined;
