@@ -34,7 +34,7 @@ async function inChild(body: string): Promise<{ sections: Map<string, string>; r
     const prompt = (salt, len = 12) => Int32Array.from({ length: len }, (_, j) => 300 + ((salt * 31 + j * 7) % 600));
     const result = await (async () => { ${body} })();
     mark('end');
-    process.send(result, () => process.exit(0));
+    process.send(result, () => n.exitNow(0));
   `;
   const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
     stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
