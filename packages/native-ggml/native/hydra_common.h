@@ -146,8 +146,9 @@ struct hydra_context {
     // of a finished request may be gone. Keyed by the sampler's id, never its (reusable) address.
     bool backend_sampling = true;
     std::map<llama_seq_id, hydra_attached> attached;
-    // Created for embeddings: every token of an input is an output there, more than an attached
-    // chain allows per sequence, so no chain is attached to a sequence before it samples.
+    // Created for embeddings or ran an embed: every token of an input is an output there, more
+    // than an attached chain allows per sequence, so no chain is attached to a sequence before it
+    // samples (runner thread, as `attached`).
     bool embeddings = false;
 };
 

@@ -76,6 +76,20 @@ public:
         // equal per-sequence length, which would pool inputs of different lengths piecewise: each
         // input then gets its own llama_decode.
         const bool together = llama_n_seq_max(ctx) == 1 || llama_n_ctx_seq(ctx) == llama_n_ctx(ctx);
+        // A chain attached for on-device sampling allows one output per sequence (llama.cpp refuses
+        // the batch: llama_decode -1), and every token of an input is one: these sequences' chains
+        // are dropped (the next decode reserves the graphs again), and from now on the context
+        // attaches none to a sequence before it samples (attach_samplers).
+        c->embeddings = true;
+        for (const embed_entry & e : entries) {
+            auto at = c->attached.find(e.seq);
+            if (at == c->attached.end()) continue;
+            if (at->second.clone != nullptr) {
+                llama_set_sampler(ctx, e.seq, nullptr);
+                llama_sampler_free(at->second.clone);
+            }
+            c->attached.erase(at);
+        }
         // llama-server turns embeddings on for an embedding batch only; decode steps run without.
         llama_set_embeddings(ctx, true);
         size_t first = 0;

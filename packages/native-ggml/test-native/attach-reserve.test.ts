@@ -117,17 +117,28 @@ describe('on-device sampler attach', () => {
     expect(device.result).toEqual(host.result);
   }, 60_000);
 
-  it('an embeddings context attaches no chain to a sequence before it samples: embedding it still works', async () => {
-    const { sections, result } = await inChild(`
-      const ctx = await model.createContext({ nCtx: 1024, nSeqMax: 4, embeddings: true, poolingType: 'mean', backendSampling: true });
-      const r = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt(0), sampler: model.createSampler({ temp: 0 }) }]);
-      mark('generated');
-      // Every token of an input is an output: more than an attached chain allows per sequence.
-      const rows = await ctx.embed([{ seq: 1, tokens: prompt(1, 8) }]);
-      return { token: r.tokens[0], rows: rows.length, width: rows[0].length };
-    `);
-    expect(result).toMatchObject({ rows: 1 });
-    expect((result as { width: number }).width).toBeGreaterThan(0);
-    expect(sections.has('generated')).toBe(true);
-  }, 60_000);
+  it.each([
+    ['created for embeddings', 'embeddings: true, '],
+    ['created without (as the engine does)', ''],
+  ])(
+    'an embed runs on sequences that sampled or never did, on a context %s; generation goes on as on the host',
+    async (_, flag) => {
+      const run = (backendSampling: boolean) =>
+        inChild(`
+        const ctx = await model.createContext({ nCtx: 1024, nSeqMax: 4, ${flag}poolingType: 'mean', backendSampling: ${backendSampling} });
+        const first = await ctx.decode([{ seq: 0, pos: 0, tokens: prompt(0), sampler: model.createSampler({ temp: 0 }) }]);
+        // Every token of an input is an output: more than an attached chain allows per sequence.
+        const rows = await ctx.embed([{ seq: 0, tokens: prompt(1, 8) }, { seq: 1, tokens: prompt(2, 8) }]);
+        mark('embedded');
+        const later = await ctx.decode([1, 2].map((seq) => ({ seq, pos: 0, tokens: prompt(seq + 2), sampler: model.createSampler({ temp: 0 }) })));
+        return { tokens: [first.tokens[0], ...later.tokens], rows: rows.map((r) => Array.from(r.slice(0, 4))) };
+      `);
+      const device = await run(true);
+      const host = await run(false);
+      expect(device.sections.has('embedded')).toBe(true);
+      expect((device.result as { rows: number[][] }).rows).toHaveLength(2);
+      expect(device.result).toEqual(host.result);
+    },
+    60_000,
+  );
 });
