@@ -134,20 +134,38 @@ async function stockServer() {
 }
 
 // The hydra_rpc_* totals a peer engine serves (bytes each way, commands): what a client without
-// accounting of its own (llama-bench) sent.
+// accounting of its own (llama-bench) sent. Read once no session is open and two reads 200 ms
+// apart agree: a session's figures are added as its host process reports them.
 async function servedTotals(url) {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const at = (k) => Number(new RegExp(`^${k} (\\S+)$`, 'm').exec(text)?.[1] ?? Number.NaN);
-  return {
-    in: at('hydra_rpc_bytes_in_total'),
-    out: at('hydra_rpc_bytes_out_total'),
-    commands: at('hydra_rpc_commands_total'),
+  const read = async () => {
+    // A fresh connection each read: llama-bench ran synchronously in between, long enough for the
+    // server to close an idle keep-alive socket under a reused one.
+    const text = await (await fetch(`${url}/metrics`, { headers: { connection: 'close' } })).text();
+    const at = (k) => Number(new RegExp(`^${k} (\\S+)$`, 'm').exec(text)?.[1] ?? Number.NaN);
+    return {
+      active: at('hydra_rpc_sessions_active'),
+      in: at('hydra_rpc_bytes_in_total'),
+      out: at('hydra_rpc_bytes_out_total'),
+      commands: at('hydra_rpc_commands_total'),
+    };
   };
+  let last = await read();
+  for (let i = 0; i < 100; i++) {
+    await new Promise((r) => setTimeout(r, 200));
+    const now = await read();
+    if (now.active === 0 && JSON.stringify(now) === JSON.stringify(last)) return now;
+    last = now;
+  }
+  throw new Error(`the peer's served totals did not settle: ${JSON.stringify(last)}`);
 }
 
 // upstream llama-bench with the experts on `peer` through -ot: one decode rate per repetition.
+// The placement is the moe case's: every layer on the head (a CPU head offloads none; a GPU head
+// names the peer's device with no layers, as COMBINED does, since llama-bench's default would also
+// split whole layers onto the peer by free memory).
 function llamaBench(peer, n, reps) {
-  const placement = localDevice === 'CPU' ? ['-ngl', '0'] : ['-ngl', '99'];
+  const placement =
+    localDevice === 'CPU' ? ['-ngl', '0'] : ['-ngl', '99', '-dev', `RPC0/${localDevice}`, '-ts', '0/1'];
   const args = ['-m', moeModel, '-p', '0', '-n', String(n), '-r', String(reps), '-t', threads, '-o', 'json'];
   args.push(...placement, '--rpc', peer, '-ot', `${UPSTREAM_OT}=RPC0[${peer}]`);
   const out = execFileSync(join(tools, 'llama-bench'), args, {
@@ -160,7 +178,9 @@ function llamaBench(peer, n, reps) {
 
 const stop = (child) =>
   new Promise((r) => {
-    if (child.exitCode !== null) return r();
+    // A stock server can die of SIGPIPE when its client is killed mid-reply: gone by a signal,
+    // its 'exit' has already fired.
+    if (child.exitCode !== null || child.signalCode !== null) return r();
     child.once('exit', () => r());
     child.kill('SIGKILL');
   });
