@@ -287,8 +287,13 @@ async function measured(url, n) {
     text += Buffer.from(chunk).toString();
     if (first === undefined && text.includes('"text"')) first = await scrape(url);
   }
+  const end = await scrape(url);
+  // The per-peer figures are one native read shared by scrapes 50 ms apart: a stream shorter than
+  // that reads the first scrape's again (0 commands). The engine is idle now, so a later read
+  // gives them; the time stays the stream's end.
+  await new Promise((r) => setTimeout(r, 60));
   const last = await scrape(url);
-  return perStep(first, last);
+  return perStep(first, { ...last, at: end.at });
 }
 
 // On a CPU head the layers not offloaded stay on the CPU (llama.cpp takes no CPU entry in its
