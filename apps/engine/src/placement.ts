@@ -15,9 +15,11 @@ import {
   planFit,
   planSplit,
   readGgufFrom,
+  rsRollbackArch,
   type SplitPlanOptions,
 } from '@hydra-engine/resolver';
 import type { Params } from '@hydra-engine/tiering';
+import { rsSnapshotsFor } from './core/speculative.js';
 import { HydraError } from './errors.js';
 
 /** Where each layer of the loaded model lives, as the resolver's planner (mirroring llama.cpp) places it. */
@@ -105,6 +107,8 @@ function contextPlan(facts: ModelFacts, cfg: Params, devices: Device[], hostFree
     nUbatch: Math.min((cfg.n_ubatch as number) || 512, nBatch),
     flashAttn: cfg.flash_attn !== 'off',
     swaFull: cfg.swa_full === true,
+    // Speculation on a recurrent memory keeps rollback snapshots (contextParamsFrom's nRsSeq).
+    nRsSeq: rsSnapshotsFor(cfg),
     // No margin: this refuses what cannot fit; what fits only barely is llama.cpp's to refuse.
     marginBytes: 0,
     ...(onHost ? {} : ngl >= 0 ? { nGpuLayers: ngl } : {}),
@@ -133,6 +137,18 @@ export function checkContext(
       `n_parallel ${nParallel} is above llama.cpp's ${LLAMA_MAX_SEQ} sequences`,
       { keys: ['n_parallel'] },
     );
+  }
+  // llama.cpp keeps a sequence's last 1 + n_rs_seq tokens in one ubatch, and aborts the process
+  // (GGML_ASSERT in split_equal) when n_ubatch cannot hold more than that.
+  const nRsSeq = rsSnapshotsFor(cfg);
+  const nUbatch = Math.min((cfg.n_ubatch as number) || 512, (cfg.n_batch as number) || 2048);
+  if (nRsSeq > 0 && rsRollbackArch(facts.arch) && facts.layers.some((l) => l.kind === 'recurrent')) {
+    if (nRsSeq + 1 >= nUbatch)
+      throw new HydraError(
+        'HYDRA_ERR_BAD_VALUE',
+        `speculation on this recurrent model guesses up to ${nRsSeq} tokens a step, which needs n_ubatch above ${nRsSeq + 1} (have ${nUbatch}): lower the draft length or raise n_ubatch`,
+        { keys: ['n_ubatch', 'speculative.types'] },
+      );
   }
   const next = contextPlan(facts, cfg, devices, hostFree);
   let held = current ? contextPlan(current.facts, current.cfg, devices, hostFree) : undefined;
@@ -334,6 +350,8 @@ function fitOptions(facts: ModelFacts, cfg: Params, list: PlanDevice[]): Omit<Fi
     nUbatch: Math.min((cfg.n_ubatch as number) || 512, nBatch),
     flashAttn: cfg.flash_attn !== 'off',
     swaFull: cfg.swa_full === true,
+    // Speculation on a recurrent memory keeps rollback snapshots (contextParamsFrom's nRsSeq).
+    nRsSeq: rsSnapshotsFor(cfg),
     ...(split === 'auto'
       ? { tensorSplit: 'auto' as const }
       : Array.isArray(split) && split.length === list.length && split.length > 0

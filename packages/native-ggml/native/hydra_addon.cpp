@@ -1284,6 +1284,9 @@ static Napi::Value context_create(const Napi::CallbackInfo & info) {
     cp.n_seq_max = (uint32_t) arg_number(p, "nSeqMax", 1);
     // llama.cpp's default is 1; a speculative draft of N guesses samples N + 1 outputs of one sequence.
     cp.n_outputs_max_per_seq = (uint32_t) arg_number(p, "nOutputsMaxPerSeq", cp.n_outputs_max_per_seq);
+    // Recurrent-state snapshots per sequence, so a rejected speculative guess of up to this many
+    // tokens can be rolled back (llama.cpp clamps it to 0 for an arch without partial rollback).
+    cp.n_rs_seq = (uint32_t) arg_number(p, "nRsSeq", cp.n_rs_seq);
     int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     cp.n_threads = (int32_t) arg_number(p, "nThreads", hw);
     cp.n_threads_batch = (int32_t) arg_number(p, "nThreadsBatch", cp.n_threads);
@@ -1346,6 +1349,7 @@ static Napi::Value context_info(const Napi::CallbackInfo & info) {
     out.Set("nBatch", llama_n_batch(c->ctx));
     out.Set("nUbatch", llama_n_ubatch(c->ctx));
     out.Set("nSeqMax", llama_n_seq_max(c->ctx));
+    out.Set("nRsSeq", llama_n_rs_seq(c->ctx));
     out.Set("nThreads", llama_n_threads(c->ctx));
     out.Set("nThreadsBatch", llama_n_threads_batch(c->ctx));
     return out;

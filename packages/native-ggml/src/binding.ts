@@ -96,6 +96,13 @@ export interface NativeContextParams {
    * A speculative draft of N guesses needs N + 1, else its positions sample on the host.
    */
   nOutputsMaxPerSeq?: number;
+  /**
+   * Recurrent-state snapshots kept per sequence (llama.cpp's n_rs_seq, default 0), so removing the
+   * last k <= nRsSeq positions of a recurrent or hybrid memory restores the state before them; the
+   * recurrent state grows (1 + nRsSeq) times. An arch without partial rollback clamps it to 0
+   * (read back in `Context.info.nRsSeq`).
+   */
+  nRsSeq?: number;
   nThreads?: number;
   nThreadsBatch?: number;
   flashAttn?: 'auto' | 'on' | 'off';
@@ -386,6 +393,7 @@ export interface NativeBinding {
     nBatch: number;
     nUbatch: number;
     nSeqMax: number;
+    nRsSeq: number;
     nThreads: number;
     nThreadsBatch: number;
   };

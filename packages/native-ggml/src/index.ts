@@ -4,10 +4,10 @@ import { HydraError, isHydraError } from '@hydra-engine/errors';
 import {
   addonCandidates,
   type ContextHandle,
+  type ContextMemoryRow,
   loadBinding,
   type ModelHandle,
   type NativeBinding,
-  type ContextMemoryRow,
   type NativeContextParams,
   type NativeDevice,
   type NativeEmbedInfo,
@@ -803,6 +803,8 @@ export class Context {
     nBatch: number;
     nUbatch: number;
     nSeqMax: number;
+    /** Recurrent-state snapshots per sequence in force (0: no partial rollback). */
+    nRsSeq: number;
     nThreads: number;
     nThreadsBatch: number;
   } {

@@ -59,6 +59,7 @@ export {
   type MaxFraction,
   type PlanDevice,
   planSplit,
+  rsRollbackArch,
   type SplitPlan,
   type SplitPlanOptions,
 } from './planner.js';

@@ -44,6 +44,12 @@ export interface SplitPlanOptions {
   readonly marginBytes?: number;
   /** Load MTP/nextn layer weights (llama.cpp load_mtp); default false. */
   readonly loadMtp?: boolean;
+  /**
+   * Recurrent-state snapshots per sequence (llama.cpp n_rs_seq, for speculative rollback); default
+   * 0. The recurrent rows grow (1 + nRsSeq) times on an arch with partial rollback
+   * ({@link rsRollbackArch}); llama.cpp clamps it to 0 on the others.
+   */
+  readonly nRsSeq?: number;
   /** Default `layer`. */
   readonly kvPlacement?: KvPlacement;
 }
@@ -134,6 +140,8 @@ interface Resolved {
   readonly ngl: number;
   readonly margin: number;
   readonly loadMtp: boolean;
+  /** Recurrent row sets per sequence: 1 + n_rs_seq after llama.cpp's clamp. */
+  readonly rsRows: number;
   readonly placement: KvPlacement;
   readonly kvCells: number;
   readonly swaCells: number;
@@ -141,6 +149,24 @@ interface Resolved {
 }
 
 const pad = (x: number, n: number) => Math.ceil(x / n) * n;
+
+// The archs whose recurrent memory keeps n_rs_seq rollback snapshots (llm_arch_supports_rs_rollback).
+const RS_ROLLBACK_ARCHS: readonly string[] = [
+  'qwen35',
+  'qwen35moe',
+  'qwen4exp',
+  'deepseek4',
+  'nemotron_h',
+  'nemotron_h_moe',
+  'lfm2',
+  'lfm2moe',
+  'bailingmoe3',
+];
+
+/** Whether llama.cpp keeps n_rs_seq rollback snapshots for `arch` (else it clamps n_rs_seq to 0). */
+export function rsRollbackArch(arch: string): boolean {
+  return RS_ROLLBACK_ARCHS.includes(arch);
+}
 
 /**
  * Predicts, before loading, how llama.cpp spreads a model over devices and what each device must
@@ -209,6 +235,8 @@ function resolve(facts: ModelFacts, o: SplitPlanOptions): Resolved {
   const typeV = cacheType('cacheTypeV');
   const nSeq = posInt('nParallel', o.nParallel, 1);
   const nUbatch = posInt('nUbatch', o.nUbatch, 512);
+  const nRsSeq = o.nRsSeq ?? 0;
+  if (!Number.isSafeInteger(nRsSeq) || nRsSeq < 0) bad('nRsSeq', 'must be a non-negative integer');
   const margin = o.marginBytes ?? 256 * MIB;
   if (!Number.isSafeInteger(margin) || margin < 0) bad('marginBytes', 'must be a non-negative integer');
   let ngl = facts.nLayerAll + 1;
@@ -255,6 +283,7 @@ function resolve(facts: ModelFacts, o: SplitPlanOptions): Resolved {
     ngl,
     margin,
     loadMtp: o.loadMtp ?? false,
+    rsRows: rsRollbackArch(facts.arch) ? 1 + nRsSeq : 1,
     placement,
     kvCells,
     swaCells,
@@ -333,8 +362,8 @@ function assemble(facts: ModelFacts, r: Resolved, split: readonly number[]): Ass
     let kv = 0;
     let rec = 0;
     if (l.kind === 'recurrent') {
-      // llama_memory_recurrent: f32 r and s rows per layer, one row set per sequence.
-      rec = 4 * (facts.nEmbdR + facts.nEmbdS) * Math.max(1, r.nSeq);
+      // llama_memory_recurrent: f32 r and s rows per layer, 1 + n_rs_seq row sets per sequence.
+      rec = 4 * (facts.nEmbdR + facts.nEmbdS) * Math.max(1, r.nSeq) * r.rsRows;
     } else if (l.kind !== 'nextn' || facts.nextnHasKv) {
       const cells = l.kind === 'swa' ? r.swaCells : r.kvCells;
       // Without flash attention V is stored transposed and padded to the widest layer.

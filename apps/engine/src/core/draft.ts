@@ -113,6 +113,8 @@ export class DraftRuntime {
     if (!this.#model) return undefined;
     const params = contextParamsFrom(cfg);
     delete params.nOutputsMaxPerSeq;
+    // The draft model is never recurrent (#check): it keeps no rollback snapshots.
+    delete params.nRsSeq;
     this.#ctx = await this.#model.createContext({ ...params, backendSampling: false });
     return this.#ctx;
   }

@@ -8,7 +8,7 @@ import type {
 import { expertBlockRegex, LLAMA_MAX_LAYERS } from '@hydra-engine/resolver';
 import { type ConfigLayers, type FieldType, fieldFor, type Params } from '@hydra-engine/tiering';
 import { HydraError } from '../errors.js';
-import { maxGuess, speculativeFrom } from './speculative.js';
+import { maxGuess, rsSnapshotsFor, speculativeFrom } from './speculative.js';
 
 /** `obj` without its undefined members (the addon reads a present member as set). */
 function withoutDefaults<T extends object>(obj: T): T {
@@ -254,6 +254,8 @@ export function contextParamsFrom(cfg: Params): ContextParams {
     // A speculative guess of up to ngram_size_m (n_max) tokens samples that many + 1 outputs of one
     // sequence; llama.cpp's on-device sampling takes 1 unless told (it clamps to n_batch).
     nOutputsMaxPerSeq: spec ? maxGuess(spec) + 1 : undefined,
+    // A recurrent or hybrid memory drops a step's rejected guesses by restoring a snapshot.
+    nRsSeq: spec ? rsSnapshotsFor(cfg) : undefined,
   });
 }
 

@@ -170,6 +170,12 @@ export class Scheduler {
   #pieces: (Uint8Array | undefined)[] = [];
   #eog = new Uint8Array(0);
   #nCtxSeq = 0;
+  /**
+   * Most guessed tokens a step may carry per slot: the context's recurrent-state snapshots
+   * (n_rs_seq) on a recurrent or hybrid memory, which can drop no more rejected guesses than that;
+   * unbounded on a plain KV cache.
+   */
+  #guessCap = Number.POSITIVE_INFINITY;
   /** Tokens one step may carry (the context's n_batch): decode tokens first, then prompt chunks. */
   #budget = 1;
   #admitted = 0;
@@ -253,6 +259,7 @@ export class Scheduler {
     this.#forgetTokens();
     const info = ctx.info;
     this.#nCtxSeq = info.nCtxSeq;
+    this.#guessCap = model.info.recurrent ? info.nRsSeq : Number.POSITIVE_INFINITY;
     this.#budget = Math.max(1, info.nBatch);
     this.#slots = new Array(info.nSeqMax).fill(undefined);
     this.#cache = this.#slots.map(() => new Int32Array(0));
@@ -265,6 +272,7 @@ export class Scheduler {
   swap(model: Model, ctx: Context): void {
     this.#model = model;
     this.#ctx = ctx;
+    this.#guessCap = model.info.recurrent ? ctx.info.nRsSeq : Number.POSITIVE_INFINITY;
     this.#forgetTokens();
     // Another context: a partial state read from the old one is not restored into it.
     for (const c of this.#ckpts) c.clear();
@@ -694,8 +702,9 @@ export class Scheduler {
       }
       // Probabilities are computed one token a step (llama-server reports none for drafted tokens).
       // A shift would move the target's positions under the drafter's: a shifting job is not speculated.
+      // A recurrent memory drops rejected guesses only through its rollback snapshots (n_rs_seq).
       const unspeculable =
-        model.info.recurrent ||
+        this.#guessCap < 1 ||
         !speculable(job.params.sampler) ||
         job.params.probs !== undefined ||
         job.shiftKeep !== undefined;
@@ -1084,6 +1093,7 @@ export class Scheduler {
       job.maxTokens - job.generated.length - 1,
       this.#nCtxSeq - job.pos - 1,
       this.#budget - 1,
+      this.#guessCap,
     );
     const draft =
       spec.settings.type === 'ngram_simple'
@@ -1117,8 +1127,25 @@ export class Scheduler {
     }
     // The guesses past the last token fed (rejected, or after the job ended) leave the KV; a
     // released job's sequence is either gone already or kept for cache_prompt up to job.pos.
-    if (this.#slots[job.slot] === job || (this.#cache[job.slot]?.length ?? 0) > 0)
-      this.#ctx?.removeSequence(job.slot, job.pos, -1);
+    const ctx = this.#ctx;
+    if (ctx && (this.#slots[job.slot] === job || (this.#cache[job.slot]?.length ?? 0) > 0)) {
+      if (!ctx.removeSequence(job.slot, job.pos, -1)) {
+        // The memory still holds rejected guesses (a recurrent one past its snapshots): what the
+        // slot would generate next is wrong, so the job ends here and the sequence is read anew.
+        const failure = new HydraError(
+          'HYDRA_ERR_INTERNAL',
+          `speculative rollback of slot ${job.slot} to position ${job.pos} was refused by the memory (n_rs_seq ${ctx.info.nRsSeq})`,
+        );
+        if (this.#slots[job.slot] === job) this.#release(job, failure);
+        else {
+          this.#cache[job.slot] = new Int32Array(0);
+          this.#ckpts[job.slot]?.clear();
+          const slot = job.slot;
+          this.#afterStep(() => ctx.removeSequence(slot));
+          this.#slotsChanged();
+        }
+      }
+    }
     return taken;
   }
 
@@ -1138,12 +1165,14 @@ export class Scheduler {
       const spec = job?.spec;
       if (!job || !spec || spec.settings.type !== 'draft_simple' || !job.promptFed) continue;
       if (job.failure || job.signal?.aborted || !spec.tally.mayDraft(job.generated.length)) continue;
-      // As #draftFor limits the step: the token limit, the slot's context and one step's budget.
+      // As #draftFor limits the step: the token limit, the slot's context, one step's budget and
+      // the rollback snapshots of a recurrent memory.
       const nMax = Math.min(
         spec.settings.nMax,
         job.maxTokens - job.generated.length - 1,
         this.#nCtxSeq - job.pos - 1,
         this.#budget - 1,
+        this.#guessCap,
       );
       if (nMax < 1) continue;
       ({ nMin, pMin } = spec.settings);

@@ -65,6 +65,17 @@ export function maxGuess(s: SpeculativeSettings): number {
   }
 }
 
+/**
+ * Recurrent-state snapshots per sequence (llama.cpp n_rs_seq) a context needs under the settings of
+ * `cfg`: one per token a step's guess may carry, so removing every rejected guess of a step from a
+ * recurrent or hybrid memory restores its state before them (0 when speculation is off).
+ * llama.cpp clamps it to 0 on an arch without partial rollback; the scheduler reads the clamp back.
+ */
+export function rsSnapshotsFor(cfg: Params | undefined): number {
+  const spec = speculativeFrom(cfg);
+  return spec ? maxGuess(spec) : 0;
+}
+
 /** ngram-cache's guess length, fixed upstream (common/speculative.cpp, create_state_ngram_cache). */
 export const NGRAM_CACHE_DRAFT = 8;
 
