@@ -1,11 +1,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Model } from '@hydra-engine/native-ggml';
+import { listDevices, Model } from '@hydra-engine/native-ggml';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
 import { modelFactsFromGguf, planSplit } from '@hydra-engine/resolver';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { checkContext, readGgufFile } from '../src/placement.js';
+import { contextParamsFrom } from '../src/core/params.js';
+import { checkContext, fitOf, readGgufFile } from '../src/placement.js';
 import { complete, metric } from './compare-helpers.js';
 import { engineWith } from './helpers.js';
 
@@ -72,6 +73,48 @@ describe.each([
       console.log(
         `${arch} n_rs_seq ${nRsSeq} x${nSeq}: context state ${state} B (without snapshots ${base.host.kvBytes} B)`,
       );
+    } finally {
+      model.dispose();
+    }
+  });
+
+  it("PLAN's fit of a speculative configuration counts the snapshots the engine's context holds", async () => {
+    const facts = modelFactsFromGguf(await readGgufFile(path));
+    const cfg = {
+      model: path,
+      n_ctx: 1024,
+      n_parallel: 2,
+      n_gpu_layers: -1,
+      tensor_split: [],
+      'speculative.types': ['ngram_simple'],
+      'speculative.ngram_size_m': 6,
+    };
+    const recurrent = (c: Record<string, unknown>) => {
+      const fit = fitOf(facts, c, {
+        devices: listDevices().filter((d) => d.type === 'cpu'),
+        peerDevices: () => undefined,
+        fit: {},
+      });
+      if (!('report' in fit)) throw new Error(fit.unknown);
+      return fit.report.devices[0]!.recurrentBytes;
+    };
+    const { 'speculative.types': _t, ...off } = cfg;
+    expect(recurrent(cfg)).toBe(7 * recurrent(off));
+    // What the engine builds from the same keys (contextParamsFrom): the fit's KV + recurrent bytes.
+    const model = await Model.load({ path, nGpuLayers: 0 });
+    try {
+      const ctx = await model.createContext(contextParamsFrom(cfg));
+      expect(ctx.info.nRsSeq).toBe(6);
+      const state = ctx.memory().reduce((a, m) => a + m.context, 0);
+      await ctx.dispose();
+      const fit = fitOf(facts, cfg, {
+        devices: listDevices().filter((d) => d.type === 'cpu'),
+        peerDevices: () => undefined,
+        fit: {},
+      });
+      if (!('report' in fit)) throw new Error(fit.unknown);
+      const d = fit.report.devices[0]!;
+      expect(d.kvBytes + d.recurrentBytes).toBe(state);
     } finally {
       model.dispose();
     }
