@@ -78,7 +78,7 @@ const t1 = summary(
 const reloads = [];
 for (let i = 0; i < 20; i++) {
   const t0 = performance.now();
-  const r = await c.configure({ use_mmap: i % 2 === 0 ? false : true });
+  const r = await c.configure({ use_mmap: i % 2 !== 0 });
   if (r.tier !== 'T3' || eng.engine.state !== 'ready')
     throw new Error(`unexpected ${JSON.stringify(r)} ${eng.engine.state}`);
   reloads.push(performance.now() - t0);

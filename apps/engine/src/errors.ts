@@ -53,7 +53,8 @@ export const ERRORS = defineErrors({
   HYDRA_ERR_SLOT_BUSY: { status: 409, meaning: 'STATE_GET/STATE_PUT on a slot that is running a request' },
   HYDRA_ERR_STATE_INVALID: {
     status: 400,
-    meaning: "STATE_PUT bytes are not a slot state of this engine's format, model, slot size or -np (llama.cpp refused them)",
+    meaning:
+      "STATE_PUT bytes are not a slot state of this engine's format, model, slot size or -np (llama.cpp refused them)",
   },
   HYDRA_ERR_STATE_FAILED: { status: 500, meaning: 'llama.cpp could not read or restore the sequence state' },
   HYDRA_ERR_NOT_MOE: { status: 409, meaning: 'SET_EXPERT_MODE on a dense model' },
