@@ -9,30 +9,13 @@
 // With no --model the tiny synthetic model is written and used (CPU). On two GPUs of one host:
 //   --head-env CUDA_VISIBLE_DEVICES=0 --peer-env CUDA_VISIBLE_DEVICES=1 --device RPC0,CUDA0
 //   (and --cap CUDA0=MiB so a 27B-class model does not fit SOLO: auto then takes offload).
-import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import {
-  argv,
-  engineEnv,
-  envOf,
-  FatalError,
-  freePort,
-  many,
-  one,
-  resultDoc,
-  summary,
-  waitFor,
-} from './figures.mjs';
+import { argv, engineCli, envOf, many, one, resultDoc, startEngine, summary, waitFor } from './figures.mjs';
 
-// From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
-const CLI = [
-  new URL('../dist/cli.js', import.meta.url).pathname,
-  new URL('./cli.cjs', import.meta.url).pathname,
-].find((p) => existsSync(p));
-if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
+const CLI = engineCli();
 
 const policies = one('--policies', 'auto,solo,offload').split(',');
 const runs = Number(one('--runs', '3'));
@@ -46,33 +29,7 @@ if (!model) {
 }
 const PROMPT = 'Hello world, this is a test';
 
-async function engine(flags, env, rpcPort) {
-  const port = await freePort();
-  const rpc = rpcPort ?? (await freePort());
-  const child = spawn(
-    process.execPath,
-    [CLI, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off', ...flags],
-    {
-      stdio: ['ignore', 'ignore', 'pipe'],
-      env: engineEnv(env),
-    },
-  );
-  let log = '';
-  child.stderr.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(
-    async () => {
-      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log.slice(-2000)}`);
-      const h = await (await fetch(`${url}/health`)).json();
-      return flags.includes('-m') ? h.state === 'ready' : true;
-    },
-    600_000,
-    'engine start',
-  );
-  return { url, rpc: `127.0.0.1:${rpc}`, rpcPort: rpc, child, log: () => log };
-}
+const engine = (flags, env, rpcPort) => startEngine(CLI, flags, env, rpcPort);
 
 async function greedy(url) {
   const r = await fetch(`${url}/v1/completions`, {

@@ -1,10 +1,10 @@
 // Shared by the engine's benchmark scripts: a figure from raw samples, a free loopback port, the
 // flag readers and a bounded wait. Only node: builtins and native-ggml's addon-free ports module, so
 // the esbuild bundles of the scripts (benchmarks/gpu/bundle.mjs) run without node_modules.
-import { execSync } from 'node:child_process';
+import { execSync, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { cpus, release, totalmem, type } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { freeLoopbackPort } from '@hydra-engine/native-ggml/ports';
 
 /** The script's arguments. */
@@ -122,4 +122,51 @@ export function resultDoc(suite, figures, notes) {
     skipped: [],
     notes,
   };
+}
+
+/**
+ * The engine CLI: --cli, else apps/engine/dist/cli.js beside these scripts, else the device bundle's
+ * cli.cjs (beside the bundled script, or benchmarks/dist/gpu/ under the working directory).
+ */
+export function engineCli() {
+  const cli =
+    one('--cli') ??
+    [
+      new URL('../dist/cli.js', import.meta.url).pathname,
+      new URL('./cli.cjs', import.meta.url).pathname,
+      resolve('benchmarks/dist/gpu/cli.cjs'),
+    ].find((p) => existsSync(p));
+  if (!cli) throw new Error('no engine CLI: build apps/engine, pass --cli, or run from benchmarks/dist/gpu');
+  return cli;
+}
+
+/**
+ * Starts an engine on free loopback ports (HTTP, and the merged port at `rpcPort` or a free one) and
+ * resolves once it answers /health, and with `-m` in `flags` once the model is ready. An engine that
+ * exits or fails its load ends the wait at once with its log.
+ */
+export async function startEngine(cli, flags, env = {}, rpcPort) {
+  const port = await freePort();
+  const rpc = rpcPort ?? (await freePort());
+  const child = spawn(
+    process.execPath,
+    [cli, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off', ...flags],
+    { stdio: ['ignore', 'ignore', 'pipe'], env: engineEnv(env) },
+  );
+  let log = '';
+  child.stderr.on('data', (d) => {
+    log = (log + d).slice(-8000);
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor(
+    async () => {
+      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log.slice(-2000)}`);
+      const h = await (await fetch(`${url}/health`)).json();
+      if (h.state === 'error') throw new FatalError(`engine failed to load: ${log.slice(-2000)}`);
+      return flags.includes('-m') ? h.state === 'ready' : true;
+    },
+    600_000,
+    'engine start',
+  );
+  return { url, rpc: `127.0.0.1:${rpc}`, rpcPort: rpc, child, log: () => log };
 }

@@ -12,18 +12,13 @@
 // --cap-share: the capped device may hold this share of what the whole model needs there (weights,
 // KV, compute, as PLAN predicts it for that device alone). With no --model the tiny synthetic
 // model is written and used. From the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
-import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { argv, engineEnv, envOf, FatalError, freePort, many, one, resultDoc, waitFor } from './figures.mjs';
+import { argv, engineCli, envOf, many, one, resultDoc, startEngine } from './figures.mjs';
 
-const CLI = [
-  new URL('../dist/cli.js', import.meta.url).pathname,
-  new URL('./cli.cjs', import.meta.url).pathname,
-].find((p) => existsSync(p));
-if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
+const CLI = engineCli();
 
 const localDevice = one('--local-device', 'none');
 const nPeers = Number(one('--peers', localDevice === 'none' ? '2' : '1'));
@@ -48,30 +43,7 @@ if (models.length === 0) {
   models = [m];
 }
 
-async function engine(flags, env) {
-  const port = await freePort();
-  const rpc = await freePort();
-  const args = [CLI, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off'];
-  if (threads) args.push('-t', threads);
-  const child = spawn(process.execPath, [...args, ...flags], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-    env: engineEnv(env),
-  });
-  let log = '';
-  child.stderr.on('data', (d) => {
-    log = (log + d).slice(-8000);
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(
-    async () => {
-      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log}`);
-      return (await fetch(`${url}/health`)).status === 200;
-    },
-    120_000,
-    'engine start',
-  );
-  return { url, rpc: `127.0.0.1:${rpc}`, child };
-}
+const engine = (flags, env) => startEngine(CLI, threads ? ['-t', threads, ...flags] : flags, env);
 
 const stop = (child) =>
   new Promise((r) => {
@@ -148,12 +120,6 @@ for (const model of models) {
   const head = await engine(
     ['-m', model, '-ngl', '999', '-c', String(nCtx), '-np', '1', '--rpc', peers.map((p) => p.rpc).join(',')],
     envOf(many('--head-env')),
-  );
-  await waitFor(
-    async () => (await (await fetch(`${head.url}/health`)).json()).state === 'ready',
-    600_000,
-    'first load',
-    100,
   );
   try {
     const base = { model, n_ctx: nCtx, n_gpu_layers: 999 };

@@ -18,24 +18,16 @@
 // moe-upstream-engine = the same llama-bench against a peer engine, whose hydra_rpc_* give its
 // per-token bytes and commands. The tools (llama-bench, ggml-rpc-server) come from --tools, by
 // default native-ggml's build/bin.
-import { execFileSync, execSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 // figures.mjs holds only node: builtins and native-ggml's addon-free ports module, so one esbuild
 // bundle of this file runs on a machine without node_modules (the GPU device: see --cli).
-import { argv, engineEnv, envOf, FatalError, freePort, many, one, summary, waitFor } from './figures.mjs';
+import { argv, engineCli, envOf, many, one, resultDoc, startEngine, summary, waitFor } from './figures.mjs';
 
-// The engine CLI: --cli, else apps/engine/dist/cli.js beside this script, else the device bundle's
-// benchmarks/dist/gpu/cli.cjs under the working directory (benchmarks/gpu/bundle.mjs writes it).
-const CLI =
-  one('--cli') ??
-  [new URL('../dist/cli.js', import.meta.url).pathname, resolve('benchmarks/dist/gpu/cli.cjs')].find((p) =>
-    existsSync(p),
-  );
-if (!CLI)
-  throw new Error('no engine CLI: pass --cli (apps/engine/dist/cli.js or benchmarks/dist/gpu/cli.cjs)');
+const CLI = engineCli();
 
 const writeSyntheticModel = async (o) =>
   (await import('@hydra-engine/native-ggml/synth')).writeSyntheticModel(o);
@@ -71,31 +63,7 @@ if (!moeModel && cases.some((c) => c.startsWith('moe'))) {
 }
 const PROMPT = 'Hello world, this is a test of the remote path';
 
-async function engine(flags, env) {
-  const port = await freePort();
-  const rpc = await freePort();
-  const child = spawn(
-    process.execPath,
-    [CLI, '--port', String(port), '--rpc-port', String(rpc), '--progress', 'off', '-t', threads, ...flags],
-    { stdio: ['ignore', 'ignore', 'pipe'], env: engineEnv(env) },
-  );
-  let log = '';
-  child.stderr.on('data', (d) => {
-    log += d;
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(
-    async () => {
-      if (child.exitCode !== null) throw new FatalError(`engine exited: ${log.slice(-2000)}`);
-      const h = await (await fetch(`${url}/health`)).json();
-      if (h.state === 'error') throw new FatalError(`engine failed to load: ${log.slice(-2000)}`);
-      return flags.includes('-m') ? h.state === 'ready' : true;
-    },
-    600_000,
-    'engine start',
-  );
-  return { url, rpc: `127.0.0.1:${rpc}`, child };
-}
+const engine = (flags, env) => startEngine(CLI, ['-t', threads, ...flags], env);
 
 // A stock upstream ggml-rpc-server (the peer of moe-stock and moe-upstream), up once it accepts.
 async function stockServer() {
@@ -539,64 +507,15 @@ function writeResults() {
     if (name === 'local' || name === 'moe-local' || samples[0]?.peers.length === 0) continue;
     const p0 = (pick) => samples.map((x) => pick(x.peers[0]));
     const lower = (fig) => ({ ...fig, better: 'lower' });
-    figures.push(
-      lower(
-        summary(
-          `${label} peer wait per token`,
-          'ms',
-          p0((p) => p.reply_wait_ms + p.send_wait_ms),
-        ),
-      ),
-    );
-    figures.push(
-      lower(
-        summary(
-          `${label} round trips per token`,
-          'count',
-          p0((p) => p.round_trips),
-        ),
-      ),
-    );
-    figures.push(
-      lower(
-        summary(
-          `${label} bytes out per token`,
-          'bytes',
-          p0((p) => p.bytes_sent),
-        ),
-      ),
-    );
-    figures.push(
-      lower(
-        summary(
-          `${label} bytes in per token`,
-          'bytes',
-          p0((p) => p.bytes_received),
-        ),
-      ),
-    );
+    for (const [what, unit, pick] of [
+      ['peer wait per token', 'ms', (p) => p.reply_wait_ms + p.send_wait_ms],
+      ['round trips per token', 'count', (p) => p.round_trips],
+      ['bytes out per token', 'bytes', (p) => p.bytes_sent],
+      ['bytes in per token', 'bytes', (p) => p.bytes_received],
+    ])
+      figures.push(lower(summary(`${label} ${what}`, unit, p0(pick))));
   }
-  // The device machine's copy of the tree has no .git: --commit names it there.
-  function commitOf() {
-    const given = one('--commit') ?? process.env.HYDRA_BENCH_COMMIT;
-    if (given) return given;
-    try {
-      return execSync('git rev-parse --short HEAD', {
-        encoding: 'utf8',
-        stdio: ['ignore', 'pipe', 'ignore'],
-      }).trim();
-    } catch {
-      return 'unknown';
-    }
-  }
-  const doc = {
-    name: 'rpc-breakdown',
-    commit: commitOf(),
-    machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, node: process.version },
-    date: new Date().toISOString(),
-    figures,
-    notes,
-  };
+  const doc = resultDoc('rpc-breakdown', figures, notes);
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, `${JSON.stringify(doc, null, 2)}\n`);
 }

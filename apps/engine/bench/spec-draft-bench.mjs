@@ -9,18 +9,13 @@
 // Without --llama-server only the engine is measured. Acceptance: accepted / drafted over the
 // measured requests (the engine's hydra_spec_* counters, llama-server's timings.draft_n*).
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { writeSyntheticModel } from '@hydra-engine/native-ggml/synth';
-import { engineEnv, FatalError, freePort, one, waitFor } from './figures.mjs';
+import { engineCli, engineEnv, FatalError, freePort, one, waitFor } from './figures.mjs';
 
-// From the checkout the built engine; from the device bundle (benchmarks/dist/gpu) its sibling cli.cjs.
-const CLI = [
-  new URL('../dist/cli.js', import.meta.url).pathname,
-  new URL('./cli.cjs', import.meta.url).pathname,
-].find((p) => existsSync(p));
-if (!CLI) throw new Error('no engine CLI: build apps/engine (or run from benchmarks/dist/gpu)');
+const CLI = engineCli();
 const shape = one('--shape', 'tiny');
 const quant = one('--quant', 'q8_0');
 const extraLayers = Number(one('--extra-layers', '4'));
