@@ -58,7 +58,8 @@ given in llama.cpp's order (RPC devices first, the local one last). Exits 0 when
   --cache-type-v T            KV cache type of V (default f16)
   -np, --parallel N           sequences (default 1)
   -ub, --ubatch-size N        tokens per compute step, which sizes the compute buffer (default 512)
-  -fa, --flash-attn on|off    flash attention: without it the compute buffer holds every head's scores (default on)
+  -fa, --flash-attn on|off|auto  flash attention (auto is planned as on); without it the compute
+                              buffer holds every head's scores (default on)
   -ngl, --n-gpu-layers N|auto layers offloaded, counting the output layer (default all)
   -ts, --tensor-split A,B|auto split proportions, or the split with the most layers on --fit-prefer
   --fit-target MIB            MiB each device keeps free beyond the plan (default 0)
@@ -148,8 +149,9 @@ export async function runPlan(argv: readonly string[], io: Io): Promise<number> 
     });
   const prefer = value('--fit-prefer');
   const fa = value('--flash-attn');
-  if (fa !== undefined && fa !== 'on' && fa !== 'off')
-    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', '--flash-attn must be on or off', {
+  // auto is planned as on, as the engine plans a load (placement.ts).
+  if (fa !== undefined && fa !== 'on' && fa !== 'off' && fa !== 'auto')
+    throw new HydraError('HYDRA_ERR_BAD_ARGUMENT', '--flash-attn must be on, off or auto', {
       keys: ['--flash-attn'],
     });
   const fit = planFit(facts, {

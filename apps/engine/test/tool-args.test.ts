@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { runBenchClient, runPlan } from '../src/tools.js';
+import { tinyModel } from './helpers.js';
 
 // plan and bench-client read their words with serve's scanner (src/args/argv.ts).
 const io = { stdout: { write: () => true }, stderr: { write: () => true } };
@@ -29,5 +30,24 @@ describe('plan and bench-client flags', () => {
     expect(await refusal(runBenchClient(['--json=yes'], io))).toEqual({ ...bad, keys: ['--json'] });
     expect(await refusal(runBenchClient(['--prompt', '--json'], io))).toEqual({ ...bad, keys: ['--prompt'] });
     expect(await refusal(runBenchClient(['--requests', '0'], io))).toEqual({ ...bad, keys: ['--requests'] });
+  });
+
+  it("plan's -ub and -fa size the compute buffer; another -fa value is refused by name", async () => {
+    const model = await tinyModel();
+    const compute = async (extra: string[]) => {
+      let out = '';
+      const capture = { stdout: { write: (s: string) => ((out += s), true) }, stderr: io.stderr };
+      await runPlan(['-m', model, '--device', 'CPU=4096', '-c', '4096', '--json', ...extra], capture);
+      return JSON.parse(out).devices[0].compute_bytes as number;
+    };
+    const base = await compute([]);
+    expect(await compute(['-ub', '128'])).toBeLessThan(base);
+    expect(await compute(['-fa', 'off'])).toBeGreaterThan(base);
+    expect(await compute(['-fa', 'on'])).toBe(base);
+    expect(await compute(['-fa', 'auto'])).toBe(base);
+    expect(await refusal(runPlan(['-m', model, '--device', 'CPU=4096', '-fa', 'maybe'], io))).toEqual({
+      code: 'HYDRA_ERR_BAD_ARGUMENT',
+      keys: ['--flash-attn'],
+    });
   });
 });
